@@ -1,0 +1,117 @@
+"""The events a :class:`~cadence.Trainer` fires, in order.
+
+Names and values follow MosaicML Composer (``composer/core/event.py``), so a Composer
+callback ports by renaming its imports.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+__all__ = ["Event"]
+
+
+class Event(str, Enum):
+    """Points in the training loop where algorithms run and callbacks observe.
+
+    The loop, as it fires (``#`` marks what happens between events)::
+
+        INIT                     # algorithms do model surgery (activation checkpointing, ...)
+        # parallelize: DDP / FSDP
+        BEFORE_LOAD
+        # load a checkpoint, if any
+        AFTER_LOAD
+        FIT_START
+        for epoch in epochs:
+            EPOCH_START
+            for batch in dataloader:
+                BEFORE_DATALOADER
+                # batch = next(dataloader)
+                AFTER_DATALOADER
+                BATCH_START
+                BEFORE_TRAIN_BATCH
+                for microbatch in batch.split(device_train_microbatch_size):
+                    BEFORE_FORWARD
+                    # outputs = model(microbatch)
+                    AFTER_FORWARD
+                    BEFORE_LOSS
+                    # loss = model.loss(outputs, microbatch) * microbatch_share
+                    AFTER_LOSS
+                    BEFORE_BACKWARD
+                    # loss.backward()
+                    AFTER_BACKWARD
+                AFTER_TRAIN_BATCH      # gradients are final: clipping, child-tuning masks
+                # optimizer.step(); scheduler.step(); timestamp advances one batch
+                BATCH_END
+                # eval, if eval_interval says so
+                BATCH_CHECKPOINT
+            EPOCH_END
+            # eval, if eval_interval says so
+            EPOCH_CHECKPOINT
+        FIT_END
+
+        # eval (inside fit, or Trainer.eval()):
+        EVAL_BEFORE_ALL
+        for each evaluator:
+            EVAL_START
+            for batch in eval_dataloader:
+                EVAL_BATCH_START
+                EVAL_BEFORE_FORWARD
+                # outputs = model.eval_forward(batch); update metrics
+                EVAL_AFTER_FORWARD
+                EVAL_BATCH_END
+            EVAL_END
+        EVAL_AFTER_ALL
+
+    A :class:`~cadence.Callback` has one method per event, named after its value
+    (``Event.BATCH_END`` -> ``Callback.batch_end``).
+    """
+
+    INIT = "init"
+    BEFORE_LOAD = "before_load"
+    AFTER_LOAD = "after_load"
+    FIT_START = "fit_start"
+
+    EPOCH_START = "epoch_start"
+    BEFORE_DATALOADER = "before_dataloader"
+    AFTER_DATALOADER = "after_dataloader"
+    BATCH_START = "batch_start"
+    BEFORE_TRAIN_BATCH = "before_train_batch"
+
+    BEFORE_FORWARD = "before_forward"
+    AFTER_FORWARD = "after_forward"
+    BEFORE_LOSS = "before_loss"
+    AFTER_LOSS = "after_loss"
+    BEFORE_BACKWARD = "before_backward"
+    AFTER_BACKWARD = "after_backward"
+
+    AFTER_TRAIN_BATCH = "after_train_batch"
+    BATCH_END = "batch_end"
+    BATCH_CHECKPOINT = "batch_checkpoint"
+    EPOCH_END = "epoch_end"
+    EPOCH_CHECKPOINT = "epoch_checkpoint"
+    FIT_END = "fit_end"
+
+    EVAL_BEFORE_ALL = "eval_before_all"
+    EVAL_START = "eval_start"
+    EVAL_BATCH_START = "eval_batch_start"
+    EVAL_BEFORE_FORWARD = "eval_before_forward"
+    EVAL_AFTER_FORWARD = "eval_after_forward"
+    EVAL_BATCH_END = "eval_batch_end"
+    EVAL_END = "eval_end"
+    EVAL_AFTER_ALL = "eval_after_all"
+
+    @property
+    def is_before_event(self) -> bool:
+        """True for ``BEFORE_*`` (and ``EVAL_BEFORE_*``) events."""
+        return self.value.startswith("before_") or self.value.startswith("eval_before_")
+
+    @property
+    def is_after_event(self) -> bool:
+        """True for ``AFTER_*`` (and ``EVAL_AFTER_*``) events: algorithms run in reverse here."""
+        return self.value.startswith("after_") or self.value.startswith("eval_after_")
+
+    @property
+    def is_eval(self) -> bool:
+        """True for the ``EVAL_*`` events."""
+        return self.value.startswith("eval_")
