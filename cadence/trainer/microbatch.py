@@ -1,0 +1,79 @@
+"""Batch helpers: move a batch to a device, count its samples, split it into microbatches.
+
+A batch is a tensor, a ``dict`` of tensors (and other values), or a ``list``/``tuple`` of
+tensors, with the sample dimension first (``[batch, ...]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["batch_to_device", "num_samples", "split_batch"]
+
+
+def batch_to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` with every tensor moved to ``device`` (non-blocking; containers rebuilt)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {key: batch_to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        moved = [batch_to_device(value, device) for value in batch]
+        return type(batch)(moved) if not hasattr(batch, "_fields") else type(batch)(*moved)
+    return batch
+
+
+def _first_tensor(batch: Any) -> torch.Tensor | None:
+    if isinstance(batch, torch.Tensor):
+        return batch
+    values = batch.values() if isinstance(batch, dict) else batch
+    if isinstance(values, (list, tuple)) or isinstance(batch, dict):
+        for value in values:
+            found = _first_tensor(value)
+            if found is not None:
+                return found
+    return None
+
+
+def num_samples(batch: Any) -> int:
+    """The number of samples in ``batch``: the first dimension of its first tensor.
+
+    Raises:
+        TypeError: ``batch`` holds no tensor.
+    """
+    tensor = _first_tensor(batch)
+    if tensor is None:
+        raise TypeError(
+            f"Cannot count samples in a batch of type {type(batch).__name__} with no tensors; "
+            f"yield tensors, dicts of tensors or tuples of tensors."
+        )
+    return int(tensor.shape[0]) if tensor.dim() > 0 else 1
+
+
+def split_batch(batch: Any, microbatch_size: int) -> list[Any]:
+    """Split ``batch`` along dim 0 into chunks of ``microbatch_size`` samples (the last may be
+    smaller). Non-tensor values in a dict are shared by every chunk.
+
+    Raises:
+        ValueError: ``microbatch_size`` is not positive.
+    """
+    if microbatch_size <= 0:
+        raise ValueError(f"device_train_microbatch_size must be positive, got {microbatch_size}.")
+    n = num_samples(batch)
+    if microbatch_size >= n:
+        return [batch]
+    starts = range(0, n, microbatch_size)
+    return [_slice(batch, start, start + microbatch_size) for start in starts]
+
+
+def _slice(batch: Any, start: int, stop: int) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch[start:stop]
+    if isinstance(batch, dict):
+        return {key: _slice(value, start, stop) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        sliced = [_slice(value, start, stop) for value in batch]
+        return type(batch)(sliced) if not hasattr(batch, "_fields") else type(batch)(*sliced)
+    return batch

@@ -1,0 +1,452 @@
+"""The :class:`Trainer`: wiring in ``__init__``, then ``fit`` and ``eval`` as loops of small
+named steps. The order of events is documented on :class:`~cadence.Event`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
+
+import torch
+
+from cadence.trainer import dist
+from cadence.trainer.core import (
+    Algorithm, Callback, Engine, Evaluator, Event, State, Time, TimeLike, TimeUnit,
+)
+from cadence.trainer.loggers.logger import Logger, LoggerDestination
+from cadence.trainer.microbatch import batch_to_device, num_samples, split_batch
+from cadence.trainer.optim import compile_scheduler
+from cadence.trainer.precision import Precision, get_precision_context
+from cadence.utils.reproducibility import seed_all
+
+__all__ = ["Trainer"]
+
+log = logging.getLogger(__name__)
+
+EvalDataloader = Union[Iterable[Any], Evaluator, Sequence[Evaluator]]
+
+
+def _resolve_device(device: Union[str, torch.device, None]) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = torch.device(device)
+    if resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {str(device)!r} is not supported; use 'cpu' or 'cuda' (or None).")
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but no CUDA device is available; use 'cpu'.")
+    if resolved.type == "cuda" and resolved.index is None:
+        resolved = torch.device("cuda", dist.get_local_rank())
+    return resolved
+
+
+def _as_evaluators(eval_dataloader: Optional[EvalDataloader]) -> list[Evaluator]:
+    if eval_dataloader is None:
+        return []
+    if isinstance(eval_dataloader, Evaluator):
+        return [eval_dataloader]
+    if isinstance(eval_dataloader, (list, tuple)) and all(
+        isinstance(e, Evaluator) for e in eval_dataloader
+    ):
+        return list(eval_dataloader)
+    return [Evaluator(label="eval", dataloader=eval_dataloader)]
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _dataloader_len(dataloader: Any) -> Optional[int]:
+    try:
+        return len(dataloader)
+    except TypeError:
+        return None
+
+
+def _new_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little") % (2**31)
+
+
+class Trainer:
+    """Trains a :class:`~cadence.ComposerModel`, firing events for algorithms and callbacks.
+
+    Args:
+        model: the model to train.
+        train_dataloader: yields training batches (tensor, dict or tuple, samples first).
+        max_duration: how long :meth:`fit` trains, e.g. ``"2ep"``, ``"1000ba"``, ``"1e6tok"``.
+        eval_dataloader: a dataloader (labelled ``eval``), an :class:`~cadence.Evaluator`, or
+            a list of Evaluators.
+        eval_interval: how often to evaluate during ``fit`` (``"1ep"``, ``"500ba"``,
+            ``"0.25dur"``; an int means epochs). The model is also evaluated when training ends.
+        eval_subset_num_batches: eval batches per evaluation; ``-1`` for all.
+        optimizers: an optimizer (or a one-element list); default ``AdamW(lr=1e-3)`` on the
+            model's parameters, built after ``INIT`` so it sees any model surgery.
+        schedulers: :class:`~cadence.trainer.optim.ComposerScheduler` s or torch
+            ``LRScheduler`` s, stepped once per batch.
+        device_train_microbatch_size: samples per forward/backward; the batch's gradients
+            are accumulated over microbatches and equal the full-batch gradient (each
+            microbatch loss is weighted by its share of the batch's samples). ``None``: the
+            whole batch at once.
+        precision: ``fp32`` (default), ``amp_bf16`` or ``amp_fp16``.
+        seed: seeds ``random``, NumPy and torch with ``seed + global rank``; default: a random
+            seed, kept in ``state.rank_zero_seed`` and logged.
+        algorithms: :class:`~cadence.Algorithm` s, run in this order (reversed on ``AFTER_*``).
+        callbacks: :class:`~cadence.Callback` s.
+        loggers: :class:`~cadence.trainer.loggers.LoggerDestination` s.
+        run_name: names the run in logs and paths; default ``run-<unix time>``.
+        device: ``"cpu"``, ``"cuda"`` or None (CUDA when available, else CPU).
+        progress_bar: add a progress destination (a tqdm bar on a terminal, plain lines in
+            logs) unless ``loggers`` already has one.
+        log_interval: how often the training loss is logged (``"10ba"``; an int means batches).
+            The loss stays on the device between logs: no host sync per step.
+        save_folder: where run artifacts go; the file logger writes there.
+        hyperparameters: logged once through every logger destination (e.g. the YAML config).
+
+    Raises:
+        ValueError / TypeError: for bad arguments, naming the argument and the fix, before any
+            event fires.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        train_dataloader: Optional[Iterable[Any]] = None,
+        max_duration: Optional[TimeLike] = None,
+        eval_dataloader: Optional[EvalDataloader] = None,
+        eval_interval: TimeLike = "1ep",
+        eval_subset_num_batches: int = -1,
+        optimizers: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer], None] = None,
+        schedulers: Any = None,
+        device_train_microbatch_size: Optional[int] = None,
+        precision: Union[str, Precision] = "fp32",
+        seed: Optional[int] = None,
+        algorithms: Union[Algorithm, Sequence[Algorithm]] = (),
+        callbacks: Union[Callback, Sequence[Callback]] = (),
+        loggers: Union[LoggerDestination, Sequence[LoggerDestination]] = (),
+        run_name: Optional[str] = None,
+        device: Union[str, torch.device, None] = None,
+        progress_bar: bool = True,
+        log_interval: TimeLike = "10ba",
+        save_folder: Optional[str] = None,
+        hyperparameters: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        self._check_model(model)
+        if device_train_microbatch_size is not None and (
+            not isinstance(device_train_microbatch_size, int) or device_train_microbatch_size <= 0
+        ):
+            raise ValueError(
+                f"device_train_microbatch_size must be a positive int or None, got "
+                f"{device_train_microbatch_size!r}."
+            )
+        if len(_as_list(optimizers)) > 1:
+            raise ValueError("Only one optimizer is supported; put parameter groups in one optimizer.")
+        self.eval_interval = Time.from_input(eval_interval, TimeUnit.EPOCH)
+        self.log_interval = Time.from_input(log_interval, TimeUnit.BATCH)
+        self.eval_subset_num_batches = int(eval_subset_num_batches)
+        self.save_folder = save_folder
+        rank_zero_seed = _new_seed() if seed is None else int(seed)
+        seed_all(rank_zero_seed + dist.get_global_rank())
+        device_obj = _resolve_device(device)
+
+        self.state = State(
+            model=model,
+            rank_zero_seed=rank_zero_seed,
+            run_name=run_name or f"run-{int(time.time())}",
+            device=device_obj,
+            max_duration=self._parse_duration(max_duration),
+            precision=Precision.parse(precision).value,
+            device_train_microbatch_size=device_train_microbatch_size,
+            train_dataloader=train_dataloader,
+            dataloader_len=_dataloader_len(train_dataloader),
+            evaluators=_as_evaluators(eval_dataloader),
+            algorithms=_as_list(algorithms),
+            callbacks=_as_list(callbacks),
+        )
+        destinations = _as_list(loggers)
+        if progress_bar and not any(getattr(d, "is_progress", False) for d in destinations):
+            from cadence.trainer.loggers import default_progress_destination
+
+            progress = default_progress_destination(progress_bar)
+            if progress is not None:
+                destinations.append(progress)
+        self.logger = Logger(self.state, destinations)
+        self.engine = Engine(self.state, self.logger, destinations)
+
+        self.engine.run_event(Event.INIT)
+        model.to(device_obj)
+        self._build_optimizers(_as_list(optimizers), _as_list(schedulers))
+        self._build_metrics()
+        self.engine.run_event(Event.BEFORE_LOAD)
+        self.engine.run_event(Event.AFTER_LOAD)
+        hparams = dict(hyperparameters or {})
+        hparams.setdefault("rank_zero_seed", rank_zero_seed)
+        self.logger.log_hyperparameters(hparams)
+
+    # ------------------------------------------------------------------ wiring
+    @staticmethod
+    def _check_model(model: Any) -> None:
+        for method in ("forward", "loss"):
+            if not callable(getattr(model, method, None)):
+                raise TypeError(
+                    f"model must be a ComposerModel (with forward(batch) and loss(outputs, "
+                    f"batch)); {type(model).__name__} has no {method}()."
+                )
+
+    @staticmethod
+    def _parse_duration(max_duration: Optional[TimeLike]) -> Optional[Time]:
+        if max_duration is None:
+            return None
+        duration = Time.from_input(max_duration, TimeUnit.EPOCH)
+        if duration.unit == TimeUnit.DURATION:
+            raise ValueError(f"max_duration cannot be in 'dur' ({duration}); use ep, ba, sp or tok.")
+        return duration
+
+    def _build_optimizers(self, optimizers: list[Any], schedulers: list[Any]) -> None:
+        state = self.state
+        if not optimizers:
+            optimizers = [torch.optim.AdamW(state.model.parameters(), lr=1e-3)]
+        state.optimizers = optimizers
+        state.schedulers = [compile_scheduler(s, optimizers[0], state) for s in schedulers]
+        self.grad_scaler = (
+            torch.amp.GradScaler(state.device.type)
+            if state.precision == Precision.AMP_FP16.value else None
+        )
+
+    def _build_metrics(self) -> None:
+        model, state = self.state.model, self.state
+        get_metrics = getattr(model, "get_metrics", None)
+        if get_metrics is None:
+            return
+        state.train_metrics = {k: m.to(state.device) for k, m in get_metrics(is_train=True).items()}
+        for evaluator in state.evaluators:
+            metrics = get_metrics(is_train=False)
+            if evaluator.metric_names is not None:
+                missing = set(evaluator.metric_names) - set(metrics)
+                if missing:
+                    raise ValueError(
+                        f"Evaluator {evaluator.label!r} asks for metrics {sorted(missing)}, which "
+                        f"the model does not define; it has {sorted(metrics)}."
+                    )
+                metrics = {k: metrics[k] for k in evaluator.metric_names}
+            state.eval_metrics[evaluator.label] = {k: m.to(state.device) for k, m in metrics.items()}
+
+    # ------------------------------------------------------------------ fit
+    def fit(self) -> None:
+        """Train until ``max_duration`` (or until a callback sets ``state.stop_training``).
+
+        Raises:
+            ValueError: no train dataloader or no max_duration was given.
+        """
+        state = self.state
+        if state.train_dataloader is None or state.max_duration is None:
+            raise ValueError("fit() needs both train_dataloader and max_duration on the Trainer.")
+        if state.dataloader_len == 0:
+            raise ValueError("The train dataloader is empty (len 0); check batch_size and drop_last.")
+        state.stop_training = False
+        self.engine.run_event(Event.FIT_START)
+        while not self._training_done():
+            self._train_epoch()
+        self.engine.run_event(Event.FIT_END)
+
+    def _training_done(self) -> bool:
+        state = self.state
+        assert state.max_duration is not None
+        return state.stop_training or state.reached(state.max_duration)
+
+    def _train_epoch(self) -> None:
+        state = self.state
+        self.engine.run_event(Event.EPOCH_START)
+        sampler = getattr(state.train_dataloader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(state.timestamp.epoch)
+        for batch in self._iter_train_batches():
+            state.batch = batch
+            self._train_batch()
+            self.engine.run_event(Event.BATCH_END)
+            if self._eval_due(after_epoch=False):
+                self._eval_all()
+            self.engine.run_event(Event.BATCH_CHECKPOINT)
+            if self._training_done():
+                break
+        else:
+            state.timestamp = state.timestamp.to_next_epoch()
+            self.engine.run_event(Event.EPOCH_END)
+            if self._eval_due(after_epoch=True):
+                self._eval_all()
+            self.engine.run_event(Event.EPOCH_CHECKPOINT)
+
+    def _iter_train_batches(self) -> Iterator[Any]:
+        """Yield device batches, firing BEFORE_DATALOADER / AFTER_DATALOADER around each fetch.
+
+        With a sized dataloader exactly ``len`` fetches are made, so BEFORE_DATALOADER fires
+        once per batch; an unsized one fires it once more at exhaustion.
+        """
+        state = self.state
+        iterator = iter(state.train_dataloader)  # type: ignore[arg-type]
+        remaining = state.dataloader_len
+        while remaining is None or remaining > 0:
+            self.engine.run_event(Event.BEFORE_DATALOADER)
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            state.batch = batch_to_device(batch, state.device)
+            self.engine.run_event(Event.AFTER_DATALOADER)
+            remaining = None if remaining is None else remaining - 1
+            yield state.batch
+
+    def _train_batch(self) -> None:
+        """One optimizer step over ``state.batch``, accumulating gradients over microbatches."""
+        state, engine = self.state, self.engine
+        self.engine.run_event(Event.BATCH_START)
+        batch = state.batch
+        batch_size = num_samples(batch)
+        size = state.device_train_microbatch_size
+        microbatches = split_batch(batch, size) if size else [batch]
+        engine.run_event(Event.BEFORE_TRAIN_BATCH)
+        state.model.train()
+        for optimizer in state.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        for metric in state.train_metrics.values():
+            metric.reset()
+        total_loss = torch.zeros((), device=state.device)
+        num_tokens = 0
+        for microbatch in microbatches:
+            total_loss += self._train_microbatch(microbatch, num_samples(microbatch) / batch_size)
+            num_tokens += self._num_tokens(microbatch)
+        state.batch, state.total_loss = batch, total_loss
+        engine.run_event(Event.AFTER_TRAIN_BATCH)
+        self._optimizer_step()
+        world = dist.get_world_size()
+        self._timestamp_before_batch = state.timestamp
+        state.timestamp = state.timestamp.to_next_batch(batch_size * world, num_tokens * world)
+        for scheduler in state.schedulers:
+            scheduler.step()
+        if state.timestamp.batch % self.log_interval.value == 0:
+            self._log_train_metrics()
+
+    def _train_microbatch(self, microbatch: Any, share: float) -> torch.Tensor:
+        """Forward, loss (scaled by the microbatch's ``share`` of the batch) and backward."""
+        state, engine = self.state, self.engine
+        state.batch = microbatch
+        engine.run_event(Event.BEFORE_FORWARD)
+        with get_precision_context(Precision(state.precision), state.device):
+            state.outputs = state.model(state.batch)
+        engine.run_event(Event.AFTER_FORWARD)
+        engine.run_event(Event.BEFORE_LOSS)
+        with get_precision_context(Precision(state.precision), state.device):
+            state.loss = state.model.loss(state.outputs, state.batch) * share
+        engine.run_event(Event.AFTER_LOSS)
+        engine.run_event(Event.BEFORE_BACKWARD)
+        loss = state.loss
+        (self.grad_scaler.scale(loss) if self.grad_scaler else loss).backward()
+        engine.run_event(Event.AFTER_BACKWARD)
+        if state.train_metrics:
+            with torch.no_grad():
+                for metric in state.train_metrics.values():
+                    state.model.update_metric(state.batch, state.outputs, metric)
+        return state.loss.detach()
+
+    def _num_tokens(self, batch: Any) -> int:
+        counter = getattr(self.state.model, "num_tokens", None)
+        return int(counter(batch)) if counter is not None else 0
+
+    def _optimizer_step(self) -> None:
+        for optimizer in self.state.optimizers:
+            if self.grad_scaler is not None:
+                self.grad_scaler.step(optimizer)
+            else:
+                optimizer.step()
+        if self.grad_scaler is not None:
+            self.grad_scaler.update()
+
+    def _log_train_metrics(self) -> None:
+        state = self.state
+        metrics: dict[str, Any] = {"loss/train/total": state.total_loss}
+        for name, metric in state.train_metrics.items():
+            metrics[f"metrics/train/{name}"] = metric.compute()
+        self.logger.log_metrics(metrics)
+
+    # ------------------------------------------------------------------ eval
+    def _eval_due(self, after_epoch: bool) -> bool:
+        """Whether to evaluate now: on ``eval_interval`` boundaries, and when training ends."""
+        state = self.state
+        if not state.evaluators:
+            return False
+        assert state.max_duration is not None
+        interval = state.to_time(self.eval_interval)
+        ends_in_epochs = state.max_duration.unit == TimeUnit.EPOCH
+        if after_epoch:
+            on_boundary = interval.unit == TimeUnit.EPOCH and interval.value > 0 and (
+                state.timestamp.epoch % interval.value == 0
+            )
+            return on_boundary or (ends_in_epochs and self._training_done())
+        if interval.unit == TimeUnit.EPOCH:
+            return not ends_in_epochs and self._training_done()
+        # ba / sp / tok: evaluate when the last batch crossed a multiple of the interval.
+        now = state.timestamp.get(interval.unit).value
+        before = self._timestamp_before_batch.get(interval.unit).value
+        on_boundary = interval.value > 0 and now // interval.value > before // interval.value
+        return on_boundary or (self._training_done() and not ends_in_epochs)
+
+    def eval(self, eval_dataloader: Optional[EvalDataloader] = None,
+             subset_num_batches: Optional[int] = None) -> dict[str, float]:
+        """Evaluate now, on the Trainer's evaluators or on ``eval_dataloader``.
+
+        Returns:
+            ``{"metrics/<label>/<name>": value}`` for every evaluator's metrics.
+        """
+        if eval_dataloader is not None:
+            self.state.evaluators = _as_evaluators(eval_dataloader)
+            self._build_metrics()
+        if not self.state.evaluators:
+            raise ValueError("eval() needs an eval_dataloader (on the Trainer or passed here).")
+        if subset_num_batches is not None:
+            self.eval_subset_num_batches = subset_num_batches
+        return self._eval_all()
+
+    def _eval_all(self) -> dict[str, float]:
+        self.engine.run_event(Event.EVAL_BEFORE_ALL)
+        results: dict[str, float] = {}
+        for evaluator in self.state.evaluators:
+            results.update(self._eval_one(evaluator))
+        self.engine.run_event(Event.EVAL_AFTER_ALL)
+        return results
+
+    def _eval_one(self, evaluator: Evaluator) -> dict[str, float]:
+        state, engine = self.state, self.engine
+        metrics = state.eval_metrics.get(evaluator.label, {})
+        for metric in metrics.values():
+            metric.reset()
+        engine.run_event(Event.EVAL_START)
+        state.model.eval()
+        limit = self.eval_subset_num_batches
+        with torch.no_grad():
+            for index, batch in enumerate(evaluator.dataloader):
+                if 0 <= limit <= index:
+                    break
+                state.batch = batch_to_device(batch, state.device)
+                engine.run_event(Event.EVAL_BATCH_START)
+                engine.run_event(Event.EVAL_BEFORE_FORWARD)
+                with get_precision_context(Precision(state.precision), state.device):
+                    state.outputs = state.model.eval_forward(state.batch)
+                engine.run_event(Event.EVAL_AFTER_FORWARD)
+                for metric in metrics.values():
+                    state.model.update_metric(state.batch, state.outputs, metric)
+                engine.run_event(Event.EVAL_BATCH_END)
+        results = {
+            f"metrics/{evaluator.label}/{name}": float(metric.compute())
+            for name, metric in metrics.items()
+        }
+        self.logger.log_metrics(results)
+        engine.run_event(Event.EVAL_END)
+        state.model.train()
+        return results
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """Close every algorithm, callback and logger destination (idempotent)."""
+        self.engine.close()
