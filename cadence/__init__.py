@@ -6,7 +6,7 @@ the distributed helpers.
 """
 
 from cadence.models.base import ComposerModel
-from cadence.trainer import dist
+from cadence import dist
 from cadence.trainer.core import (
     Algorithm, Callback, Engine, Evaluator, Event, State, Time, Timestamp, TimeUnit,
 )

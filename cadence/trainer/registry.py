@@ -23,7 +23,7 @@ T = TypeVar("T")
 
 # Modules whose import registers cadence's built-in components.
 _BUILTIN_MODULES = (
-    "cadence.models",
+    "cadence.models.gpt",
     "cadence.algorithms",
     "cadence.callbacks",
     "cadence.trainer.loggers",
@@ -37,9 +37,9 @@ def _load_builtins() -> None:
     global _builtins_loaded
     if _builtins_loaded:
         return
-    _builtins_loaded = True
     for module in _BUILTIN_MODULES:
         importlib.import_module(module)
+    _builtins_loaded = True
 
 
 def import_object(path: str) -> Any:

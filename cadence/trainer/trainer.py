@@ -100,9 +100,11 @@ class Trainer:
         device: ``"cpu"``, ``"cuda"`` or None (CUDA when available, else CPU).
         progress_bar: add a progress destination (a tqdm bar on a terminal, plain lines in
             logs) unless ``loggers`` already has one.
-        log_interval: how often the training loss is logged (``"10ba"``; an int means batches).
+        log_interval: how often the training loss is logged (``"10ba"``; an int means batches),
+            and on the first batch.
             The loss stays on the device between logs: no host sync per step.
-        save_folder: where run artifacts go; the file logger writes there.
+        save_folder: where run artifacts go (metrics, later checkpoints); ``{run_name}`` in it
+            is filled in. The file logger writes there unless given its own folder.
         hyperparameters: logged once through every logger destination (e.g. the YAML config).
 
     Raises:
@@ -146,7 +148,7 @@ class Trainer:
         self.eval_interval = Time.from_input(eval_interval, TimeUnit.EPOCH)
         self.log_interval = Time.from_input(log_interval, TimeUnit.BATCH)
         self.eval_subset_num_batches = int(eval_subset_num_batches)
-        self.save_folder = save_folder
+        run_name = run_name or f"run-{int(time.time())}"
         rank_zero_seed = _new_seed() if seed is None else int(seed)
         seed_all(rank_zero_seed + dist.get_global_rank())
         device_obj = _resolve_device(device)
@@ -154,7 +156,8 @@ class Trainer:
         self.state = State(
             model=model,
             rank_zero_seed=rank_zero_seed,
-            run_name=run_name or f"run-{int(time.time())}",
+            run_name=run_name,
+            save_folder=None if save_folder is None else save_folder.format(run_name=run_name),
             device=device_obj,
             max_duration=self._parse_duration(max_duration),
             precision=Precision.parse(precision).value,
@@ -169,7 +172,7 @@ class Trainer:
         if progress_bar and not any(getattr(d, "is_progress", False) for d in destinations):
             from cadence.trainer.loggers import default_progress_destination
 
-            progress = default_progress_destination(progress_bar)
+            progress = default_progress_destination(progress_bar, self.log_interval)
             if progress is not None:
                 destinations.append(progress)
         self.logger = Logger(self.state, destinations)
@@ -325,7 +328,8 @@ class Trainer:
         state.timestamp = state.timestamp.to_next_batch(batch_size * world, num_tokens * world)
         for scheduler in state.schedulers:
             scheduler.step()
-        if state.timestamp.batch % self.log_interval.value == 0:
+        step = state.timestamp.batch
+        if step == 1 or step % self.log_interval.value == 0:
             self._log_train_metrics()
 
     def _train_microbatch(self, microbatch: Any, share: float) -> torch.Tensor:

