@@ -3,6 +3,7 @@
 ::
 
     cadence train RUN.yaml [key=value ...]     # e.g. cadence train yamls/quickstart.yaml seed=3
+    cadence launch -n 2 RUN.yaml [key=value ...]   # the same on 2 ranks, through torchrun
 
 ``train`` loads the run file, applies the ``key=value`` overrides (dotted keys, YAML values,
 as in OmegaConf's dotlist), checks everything (see :func:`~cadence.trainer.config.load_config`),
@@ -10,8 +11,14 @@ builds the Trainer (:func:`~cadence.trainer.build.build_trainer`) and calls ``fi
 ``close()``. A bad config prints every problem to stderr and exits with status 2, before
 any model or data is built.
 
-More subcommands (``launch``, ``convert``) are added as a function ``_add_<name>(subparsers)``
-each, registered in :func:`build_parser`.
+``launch`` checks the run file the same way, then starts ``N`` ranks with
+``torch.distributed.run`` (torchrun), each running ``cadence train``. One node picks a free
+port itself; several nodes pass ``--nnodes``, ``--node_rank``, ``--master_addr`` and
+``--master_port`` as torchrun takes them. When a rank fails, torchrun stops the others and
+prints the failing rank's traceback; the exit status is then 1.
+
+More subcommands are added as a function ``_add_<name>(subparsers)`` each, registered in
+:func:`build_parser`.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_train(subparsers)
+    _add_launch(subparsers)
     return parser
 
 
@@ -53,7 +61,71 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
         help="override a config value with a dotted key and a YAML value, e.g. "
              "optimizer.lr=1e-3 or callbacks.lr_monitor={}",
     )
-    train.set_defaults(func=_train)
+    train.set_defaults(func=_train_recorded)
+
+
+def _add_launch(subparsers: argparse._SubParsersAction) -> None:
+    launch = subparsers.add_parser(
+        "launch",
+        help="train on several ranks (a thin front on torchrun)",
+        description="Check the run file, then start N ranks of `cadence train` with "
+                    "torch.distributed.run (torchrun).",
+        epilog="example: cadence launch -n 2 yamls/gpt_fsdp.yaml max_duration=20ba",
+    )
+    launch.add_argument("-n", "--nproc_per_node", type=int, required=True,
+                        help="ranks (processes) on this node")
+    launch.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
+    launch.add_argument("--node_rank", type=int, default=0, help="this node's rank (default 0)")
+    launch.add_argument("--master_addr", default="127.0.0.1",
+                        help="address of the rank-0 node (default 127.0.0.1)")
+    launch.add_argument("--master_port", type=int, default=None,
+                        help="port on the rank-0 node (default: a free port, on one node)")
+    launch.add_argument("config", metavar="RUN.yaml", help="the run file")
+    launch.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="overrides, as for `cadence train`")
+    launch.set_defaults(func=_launch)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from cadence.trainer.config import ConfigError, load_config
+
+    if args.nproc_per_node < 1 or args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        print(f"cadence launch: need -n >= 1, --nnodes >= 1 and 0 <= --node_rank < --nnodes "
+              f"(got -n {args.nproc_per_node}, --nnodes {args.nnodes}, --node_rank "
+              f"{args.node_rank}).", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    if args.nnodes > 1 and args.master_port is None:
+        print("cadence launch: --master_port is required with --nnodes > 1 (every node must "
+              "name the same rank-0 address and port).", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    try:  # fail on a bad run file before any rank starts
+        load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"cadence launch: {exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    port = args.master_port if args.master_port is not None else _free_port()
+    torchrun_args = get_args_parser().parse_args([
+        f"--nproc_per_node={args.nproc_per_node}", f"--nnodes={args.nnodes}",
+        f"--node_rank={args.node_rank}", f"--master_addr={args.master_addr}",
+        f"--master_port={port}", "--max_restarts=0", "--monitor_interval=0.5",
+        "-m", "cadence", "train", args.config, *args.overrides,
+    ])
+    try:
+        run(torchrun_args)
+    except ChildFailedError:
+        return 1  # torchrun has printed the failing rank's traceback
+    return 0
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -74,6 +146,14 @@ def _train(args: argparse.Namespace) -> int:
     finally:
         trainer.close()
     return 0
+
+
+def _train_recorded(args: argparse.Namespace) -> int:
+    """``_train`` under torchrun's ``@record``: a failing rank writes its traceback to the
+    error file torchrun reads, so the launcher shows it."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return int(record(_train)(args))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -13,3 +13,15 @@ if "CADENCE_CACHE_DIR" not in os.environ:
     import tempfile
 
     os.environ["CADENCE_CACHE_DIR"] = tempfile.mkdtemp(prefix="cadence-test-cache-")
+
+
+def pytest_pyfunc_call(pyfuncitem):  # type: ignore[no-untyped-def]
+    """Run ``@pytest.mark.world_size(n)`` tests (n > 1) in n real gloo processes."""
+    marker = pyfuncitem.get_closest_marker("world_size")
+    if marker is None or int(marker.args[0]) <= 1:
+        return None
+    from tests.common.distributed import run_in_processes
+
+    kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    run_in_processes(int(marker.args[0]), str(pyfuncitem.path), pyfuncitem.obj.__qualname__, kwargs)
+    return True

@@ -109,6 +109,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
             log_interval=cfg.log_interval,
             save_folder=cfg.save_folder,
             hyperparameters=config_to_dict(cfg),
+            parallelism_config=cfg.parallelism_config,
         )
     except ValueError as exc:  # a user-fixable argument, e.g. device: cuda without CUDA
         problem = ConfigProblem("<Trainer>", f"the Trainer rejected the run: {exc}")

@@ -96,7 +96,8 @@ class TrainConfig:
         algorithms: ``{name: {kwargs}}``, applied in this order.
         callbacks: ``{name: {kwargs}}``.
         loggers: ``{name: {kwargs}}``.
-        parallelism_config: reserved for DDP/FSDP; only ``null`` is accepted for now.
+        parallelism_config: ``{fsdp: {...}}`` shards with FSDP2 (keys and their FSDP2 meaning:
+            :mod:`cadence.trainer.parallel.config`); null: DDP when launched on several ranks.
         variables: free-form values for interpolation (``${variables.seq_len}``); not read
             by the trainer (llm-foundry's convention).
     """
@@ -416,10 +417,6 @@ def _normalize_field(key: str, value: Any) -> tuple[Any, Optional[ConfigProblem]
     if key in _SINGLE_SECTIONS and value is not None and not isinstance(value, dict):
         return value, ConfigProblem(key, (
             f"expected a mapping such as {{name: {_EXAMPLE_NAME[key]}, ...}}, got {_show(value)}."))
-    if key == "parallelism_config" and value is not None:
-        return value, ConfigProblem(key, (
-            f"is not supported yet (got {_show(value)}); only null is accepted until DDP/FSDP "
-            f"support lands. Remove the key or set it to null."))
     return value, None
 
 
@@ -451,6 +448,11 @@ def _check_field_value(key: str, value: Any) -> list[ConfigProblem]:
         return [ConfigProblem(key, f"{value!r} must be -1 (all batches) or >= 0.")]
     if key == "device" and value is not None and value not in _DEVICES:
         return [ConfigProblem(key, _choice_message(value, [*_DEVICES, "null"]))]
+    if key == "parallelism_config":
+        from cadence.trainer.parallel.config import check_parallelism_config
+
+        _, problems = check_parallelism_config(value, prefix=key)
+        return [ConfigProblem(path, message) for path, message in problems]
     return []
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["batch_to_device", "num_samples", "split_batch"]
+__all__ = ["batch_to_device", "num_samples", "slice_batch", "split_batch"]
 
 
 def batch_to_device(batch: Any, device: torch.device) -> Any:
@@ -65,15 +65,16 @@ def split_batch(batch: Any, microbatch_size: int) -> list[Any]:
     if microbatch_size >= n:
         return [batch]
     starts = range(0, n, microbatch_size)
-    return [_slice(batch, start, start + microbatch_size) for start in starts]
+    return [slice_batch(batch, start, start + microbatch_size) for start in starts]
 
 
-def _slice(batch: Any, start: int, stop: int) -> Any:
+def slice_batch(batch: Any, start: int, stop: int) -> Any:
+    """Samples ``start:stop`` of ``batch`` (every tensor sliced on dim 0; other values kept)."""
     if isinstance(batch, torch.Tensor):
         return batch[start:stop]
     if isinstance(batch, dict):
-        return {key: _slice(value, start, stop) for key, value in batch.items()}
+        return {key: slice_batch(value, start, stop) for key, value in batch.items()}
     if isinstance(batch, (list, tuple)):
-        sliced = [_slice(value, start, stop) for value in batch]
+        sliced = [slice_batch(value, start, stop) for value in batch]
         return type(batch)(sliced) if not hasattr(batch, "_fields") else type(batch)(*sliced)
     return batch

@@ -4,6 +4,7 @@ named steps. The order of events is documented on :class:`~cadence.Event`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -16,8 +17,12 @@ from cadence.trainer.core import (
     Algorithm, Callback, Engine, Evaluator, Event, State, Time, TimeLike, TimeUnit,
 )
 from cadence.trainer.loggers.logger import Logger, LoggerDestination
-from cadence.trainer.microbatch import batch_to_device, num_samples, split_batch
+from cadence.trainer.microbatch import batch_to_device, num_samples, slice_batch, split_batch
 from cadence.trainer.optim import compile_scheduler
+from cadence.trainer.parallel import (
+    is_fsdp, parallelize, parse_parallelism_config, remap_optimizer_params, unwrap_model,
+)
+from cadence.trainer.parallel.data import check_distributed_sampler, real_samples_on_rank
 from cadence.trainer.precision import Precision, get_precision_context
 from cadence.utils.reproducibility import seed_all
 
@@ -66,8 +71,13 @@ def _dataloader_len(dataloader: Any) -> Optional[int]:
         return None
 
 
-def _new_seed() -> int:
-    return int.from_bytes(os.urandom(4), "little") % (2**31)
+def _agree_across_ranks(run_name: Optional[str], seed: Optional[int]) -> tuple[str, int]:
+    """The run name and seed, defaulted on rank 0 (time, random) and shared with every rank."""
+    chosen = [run_name or f"run-{int(time.time())}",
+              int.from_bytes(os.urandom(4), "little") % (2**31) if seed is None else int(seed)]
+    if dist.get_world_size() > 1 and (run_name is None or seed is None):
+        dist.broadcast_object_list(chosen, src=0)
+    return chosen[0], chosen[1]
 
 
 class Trainer:
@@ -106,6 +116,8 @@ class Trainer:
         save_folder: where run artifacts go (metrics, later checkpoints); ``{run_name}`` in it
             is filled in. The file logger writes there unless given its own folder.
         hyperparameters: logged once through every logger destination (e.g. the YAML config).
+        parallelism_config: ``{"fsdp": {...}}`` (see :mod:`cadence.trainer.parallel.config`)
+            shards the model with FSDP2; without it, a run of several ranks uses DDP.
 
     Raises:
         ValueError / TypeError: for bad arguments, naming the argument and the fix, before any
@@ -134,6 +146,7 @@ class Trainer:
         log_interval: TimeLike = "10ba",
         save_folder: Optional[str] = None,
         hyperparameters: Optional[Mapping[str, Any]] = None,
+        parallelism_config: Any = None,
     ) -> None:
         self._check_model(model)
         if device_train_microbatch_size is not None and (
@@ -148,10 +161,12 @@ class Trainer:
         self.eval_interval = Time.from_input(eval_interval, TimeUnit.EPOCH)
         self.log_interval = Time.from_input(log_interval, TimeUnit.BATCH)
         self.eval_subset_num_batches = int(eval_subset_num_batches)
-        run_name = run_name or f"run-{int(time.time())}"
-        rank_zero_seed = _new_seed() if seed is None else int(seed)
-        seed_all(rank_zero_seed + dist.get_global_rank())
+        self.parallelism_config = parse_parallelism_config(parallelism_config)
         device_obj = _resolve_device(device)
+        dist.initialize_dist(device_obj)
+        check_distributed_sampler(train_dataloader, "train_dataloader")
+        run_name, rank_zero_seed = _agree_across_ranks(run_name, seed)
+        seed_all(rank_zero_seed + dist.get_global_rank())
 
         self.state = State(
             model=model,
@@ -179,7 +194,7 @@ class Trainer:
         self.engine = Engine(self.state, self.logger, destinations)
 
         self.engine.run_event(Event.INIT)
-        model.to(device_obj)
+        self._parallelize(_as_list(optimizers))
         self._build_optimizers(_as_list(optimizers), _as_list(schedulers))
         self._build_metrics()
         self.engine.run_event(Event.BEFORE_LOAD)
@@ -189,6 +204,20 @@ class Trainer:
         self.logger.log_hyperparameters(hparams)
 
     # ------------------------------------------------------------------ wiring
+    def _parallelize(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        """Move the model to the device, then shard (FSDP2) or replicate (DDP) it. A user's
+        optimizer is pointed at the sharded parameters, which FSDP2 creates anew."""
+        state = self.state
+        module = state.model
+        if not any(t.is_meta for t in module.parameters()):
+            module.to(state.device)
+        names = {id(p): n for n, p in module.named_parameters()}
+        state.model = parallelize(module, self.parallelism_config, state.device, state.precision)
+        self._module = unwrap_model(state.model)
+        if is_fsdp(state.model):
+            for optimizer in optimizers:
+                remap_optimizer_params(optimizer, names, self._module)
+
     @staticmethod
     def _check_model(model: Any) -> None:
         for method in ("forward", "loss"):
@@ -219,8 +248,8 @@ class Trainer:
         )
 
     def _build_metrics(self) -> None:
-        model, state = self.state.model, self.state
-        get_metrics = getattr(model, "get_metrics", None)
+        state = self.state
+        get_metrics = getattr(self._module, "get_metrics", None)
         if get_metrics is None:
             return
         state.train_metrics = {k: m.to(state.device) for k, m in get_metrics(is_train=True).items()}
@@ -317,8 +346,10 @@ class Trainer:
             metric.reset()
         total_loss = torch.zeros((), device=state.device)
         num_tokens = 0
-        for microbatch in microbatches:
-            total_loss += self._train_microbatch(microbatch, num_samples(microbatch) / batch_size)
+        for index, microbatch in enumerate(microbatches):
+            with self._maybe_no_sync(last=index == len(microbatches) - 1):
+                share = num_samples(microbatch) / batch_size
+                total_loss += self._train_microbatch(microbatch, share)
             num_tokens += self._num_tokens(microbatch)
         state.batch, state.total_loss = batch, total_loss
         engine.run_event(Event.AFTER_TRAIN_BATCH)
@@ -329,8 +360,16 @@ class Trainer:
         for scheduler in state.schedulers:
             scheduler.step()
         step = state.timestamp.batch
-        if step == 1 or step % self.log_interval.value == 0:
+        if step == 1 or step % self.log_interval.value == 0 or self._training_done():
             self._log_train_metrics()
+
+    def _maybe_no_sync(self, last: bool) -> Any:
+        """DDP's ``no_sync`` for every microbatch but the last: gradients are all-reduced once
+        per batch. (FSDP2 reduce-scatters per microbatch, keeping gradients sharded.)"""
+        model = self.state.model
+        if not last and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()
 
     def _train_microbatch(self, microbatch: Any, share: float) -> torch.Tensor:
         """Forward, loss (scaled by the microbatch's ``share`` of the batch) and backward."""
@@ -342,7 +381,7 @@ class Trainer:
         engine.run_event(Event.AFTER_FORWARD)
         engine.run_event(Event.BEFORE_LOSS)
         with get_precision_context(Precision(state.precision), state.device):
-            state.loss = state.model.loss(state.outputs, state.batch) * share
+            state.loss = self._module.loss(state.outputs, state.batch) * share
         engine.run_event(Event.AFTER_LOSS)
         engine.run_event(Event.BEFORE_BACKWARD)
         loss = state.loss
@@ -351,11 +390,11 @@ class Trainer:
         if state.train_metrics:
             with torch.no_grad():
                 for metric in state.train_metrics.values():
-                    state.model.update_metric(state.batch, state.outputs, metric)
+                    self._module.update_metric(state.batch, state.outputs, metric)
         return state.loss.detach()
 
     def _num_tokens(self, batch: Any) -> int:
-        counter = getattr(self.state.model, "num_tokens", None)
+        counter = getattr(self._module, "num_tokens", None)
         return int(counter(batch)) if counter is not None else 0
 
     def _optimizer_step(self) -> None:
@@ -369,7 +408,12 @@ class Trainer:
 
     def _log_train_metrics(self) -> None:
         state = self.state
-        metrics: dict[str, Any] = {"loss/train/total": state.total_loss}
+        loss = state.total_loss
+        if loss is not None and dist.get_world_size() > 1:  # every rank logs at the same steps
+            loss = loss.clone()
+            dist.all_reduce(loss, "sum")
+            loss /= dist.get_world_size()
+        metrics: dict[str, Any] = {"loss/train/total": loss}
         for name, metric in state.train_metrics.items():
             metrics[f"metrics/train/{name}"] = metric.compute()
         self.logger.log_metrics(metrics)
@@ -428,6 +472,7 @@ class Trainer:
         engine.run_event(Event.EVAL_START)
         state.model.eval()
         limit = self.eval_subset_num_batches
+        real_left = real_samples_on_rank(evaluator.dataloader)  # None: no padded copies
         with torch.no_grad():
             for index, batch in enumerate(evaluator.dataloader):
                 if 0 <= limit <= index:
@@ -436,10 +481,22 @@ class Trainer:
                 engine.run_event(Event.EVAL_BATCH_START)
                 engine.run_event(Event.EVAL_BEFORE_FORWARD)
                 with get_precision_context(Precision(state.precision), state.device):
-                    state.outputs = state.model.eval_forward(state.batch)
+                    # forward through the (possibly sharded) root so FSDP's hooks run, then
+                    # let the model turn the outputs into what its metrics take
+                    outputs = state.model(state.batch)
+                    state.outputs = self._module.eval_forward(state.batch, outputs)
                 engine.run_event(Event.EVAL_AFTER_FORWARD)
-                for metric in metrics.values():
-                    state.model.update_metric(state.batch, state.outputs, metric)
+                # Every rank runs every forward (FSDP needs it); only real samples count.
+                batch_, outputs = state.batch, state.outputs
+                if real_left is not None:
+                    size = num_samples(batch_)
+                    keep = max(0, min(size, real_left))
+                    real_left -= size
+                    if keep < size:
+                        batch_, outputs = slice_batch(batch_, 0, keep), slice_batch(outputs, 0, keep)
+                if real_left is None or keep > 0:
+                    for metric in metrics.values():
+                        self._module.update_metric(batch_, outputs, metric)
                 engine.run_event(Event.EVAL_BATCH_END)
         results = {
             f"metrics/{evaluator.label}/{name}": float(metric.compute())

@@ -251,10 +251,19 @@ def test_out_of_range_numbers(tmp_path: Path) -> None:
     assert keys == {"global_train_batch_size", "seed", "eval_subset_num_batches"}
 
 
-def test_parallelism_config_only_null(tmp_path: Path) -> None:
+def test_parallelism_config_is_validated_with_the_rest(tmp_path: Path) -> None:
     assert load_config(write(tmp_path, VALID + "parallelism_config: null\n"))
-    err = errors_of(write(tmp_path, VALID + "parallelism_config: {fsdp: {}}\n"))
-    assert "parallelism_config: is not supported yet" in str(err)
+    good = load_config(write(tmp_path, VALID + "parallelism_config: {fsdp: {sharding_strategy: "
+                                              "SHARD_GRAD_OP}}\n"))
+    assert good.parallelism_config == {"fsdp": {"sharding_strategy": "SHARD_GRAD_OP"}}
+    text = VALID.replace("seed: 5", "seed: abc") + (
+        "parallelism_config: {fsdp: {shardin_strategy: FULL_SHARD, mixed_precision: HALF}}\n")
+    err = errors_of(write(tmp_path, text))
+    by_key = {p.key: p.message for p in err.problems}
+    assert set(by_key) == {"seed", "parallelism_config.fsdp.shardin_strategy",
+                           "parallelism_config.fsdp.mixed_precision"}
+    assert "Did you mean 'sharding_strategy'" in by_key["parallelism_config.fsdp.shardin_strategy"]
+    assert "DEFAULT, PURE, FULL" in by_key["parallelism_config.fsdp.mixed_precision"]
 
 
 def test_section_of_wrong_shape(tmp_path: Path) -> None:

@@ -1,0 +1,53 @@
+"""Data across ranks: every rank must see distinct samples, and eval metrics must not count
+the samples a ``DistributedSampler`` repeats to even out the ranks."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+
+from cadence.trainer import dist
+
+__all__ = ["check_distributed_sampler", "real_samples_on_rank"]
+
+
+def check_distributed_sampler(dataloader: Any, name: str) -> None:
+    """In a multi-rank run, refuse a map-style dataset without a ``DistributedSampler``
+    (every rank would train on the same samples).
+
+    Raises:
+        ValueError: naming the dataloader and pointing to ``cadence.dist.get_sampler``.
+    """
+    if dist.get_world_size() <= 1 or not isinstance(dataloader, DataLoader):
+        return
+    if isinstance(dataloader.dataset, IterableDataset):
+        return  # an iterable dataset shards itself
+    sampler = dataloader.batch_sampler.sampler if dataloader.batch_sampler is not None else None
+    if not isinstance(sampler, DistributedSampler):
+        raise ValueError(
+            f"{name} uses {type(sampler).__name__} in a run of {dist.get_world_size()} ranks, so "
+            f"every rank would see the same samples. Build it with "
+            f"DataLoader(dataset, batch_size=..., sampler=cadence.dist.get_sampler(dataset, "
+            f"shuffle=...)) instead."
+        )
+
+
+def real_samples_on_rank(dataloader: Any) -> Optional[int]:
+    """How many of this rank's samples are real, when its ``DistributedSampler`` pads the
+    dataset to a multiple of the world size (``drop_last=False``); None when nothing is padded.
+
+    The sampler's padded copies sit at global positions ``>= len(dataset)``; this rank's
+    ``k``-th sample is at position ``rank + k * world_size``, so its first
+    ``ceil((len(dataset) - rank) / world_size)`` samples are real and the rest are copies.
+    """
+    if not isinstance(dataloader, DataLoader) or dataloader.batch_sampler is None:
+        return None
+    sampler = dataloader.batch_sampler.sampler
+    if not isinstance(sampler, DistributedSampler) or sampler.drop_last:
+        return None
+    total, replicas, rank = len(sampler.dataset), sampler.num_replicas, sampler.rank
+    if total % replicas == 0:
+        return None
+    return max(0, math.ceil((total - rank) / replicas))

@@ -1,0 +1,39 @@
+"""The total gradient norm of a model, correct under DDP and FSDP2.
+
+Under DDP every rank holds the full (all-reduced) gradients, so the local norm is the norm.
+Under FSDP2 gradients are DTensor shards: ``torch.nn.utils.get_total_norm`` reduces the
+shards' partial norms over the mesh, and ``full_tensor()`` makes the result a plain tensor,
+the same on every rank. Source: PyTorch ``torch.nn.utils.get_total_norm``; torchtitan's
+``clip_grad_norm_``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch.distributed.tensor import DTensor
+
+__all__ = ["get_grad_norm", "get_param_norm"]
+
+
+def _total_norm(tensors: list[torch.Tensor], norm_type: float) -> torch.Tensor:
+    if not tensors:
+        return torch.zeros(())
+    norm = torch.nn.utils.get_total_norm(tensors, norm_type=norm_type)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def get_grad_norm(parameters: Iterable[torch.nn.Parameter], norm_type: float = 2.0) -> torch.Tensor:
+    """The ``norm_type``-norm of all gradients together (a 0-d tensor, same on every rank).
+
+    Args:
+        parameters: the model's parameters; those without ``.grad`` are skipped.
+        norm_type: the p of the p-norm; ``inf`` for the max-norm. Default 2.
+    """
+    return _total_norm([p.grad for p in parameters if p.grad is not None], norm_type)
+
+
+def get_param_norm(parameters: Iterable[torch.nn.Parameter], norm_type: float = 2.0) -> torch.Tensor:
+    """The ``norm_type``-norm of all parameters together (a 0-d tensor, same on every rank)."""
+    return _total_norm([p.detach() for p in parameters], norm_type)
