@@ -149,8 +149,12 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _train_recorded(args: argparse.Namespace) -> int:
-    """``_train`` under torchrun's ``@record``: a failing rank writes its traceback to the
-    error file torchrun reads, so the launcher shows it."""
+    """``_train`` under torchrun's ``@record`` when torchrun started this process: a failing
+    rank writes its traceback to the error file torchrun reads, so the launcher shows it."""
+    import os
+
+    if "TORCHELASTIC_ERROR_FILE" not in os.environ:
+        return _train(args)
     from torch.distributed.elastic.multiprocessing.errors import record
 
     return int(record(_train)(args))

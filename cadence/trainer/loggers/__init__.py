@@ -2,7 +2,9 @@
 
 Built-in destinations (registered under the names in brackets): :class:`ProgressBarLogger`
 (``progress_bar``), :class:`ConsoleLogger` (``console``), :class:`FileLogger` (``file``),
-:class:`InMemoryLogger` (``in_memory``). Importing this package registers them.
+:class:`InMemoryLogger` (``in_memory``), :class:`WandBLogger` (``wandb``; needs
+``pip install wandb``, imported only when its run starts). Importing this package registers
+them.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from cadence.trainer.loggers.file_logger import FileLogger
 from cadence.trainer.loggers.in_memory import InMemoryLogger
 from cadence.trainer.loggers.logger import Logger, LoggerDestination, to_python
 from cadence.trainer.loggers.progress_bar import ProgressBarLogger
+from cadence.trainer.loggers.wandb_logger import WandBLogger
 
 __all__ = [
     "Logger", "LoggerDestination", "to_python", "ConsoleLogger", "FileLogger",
-    "InMemoryLogger", "ProgressBarLogger", "default_progress_destination",
+    "InMemoryLogger", "ProgressBarLogger", "WandBLogger", "default_progress_destination",
 ]
 
 
