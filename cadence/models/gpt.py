@@ -20,7 +20,9 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Union
 
+import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -204,6 +206,7 @@ def hf_pretrained(
     num_labels: Optional[int] = None,
     tokenizer_name_or_path: Optional[Union[str, os.PathLike]] = None,
     local_files_only: bool = True,
+    init_device: Optional[str] = None,
 ) -> HuggingFaceModel:
     """A pretrained ``transformers`` model from a local directory, with a head for ``task``.
 
@@ -219,6 +222,9 @@ def hf_pretrained(
         tokenizer_name_or_path: tokenizer directory; ``None`` loads the tokenizer from the
             model directory when it holds one (see :func:`load_tokenizer`), else no tokenizer.
         local_files_only: never reach a model hub (default). Keep it on in tests and CI.
+        init_device: ``"meta"`` builds the architecture from the checkpoint's config on the
+            meta device without reading the weights (for ranks that receive rank 0's weights
+            by broadcast under FSDP ``cpu_ram_efficient_loading``); ``None`` (default) loads.
 
     Returns:
         The model wrapped in a :class:`HuggingFaceModel` with its task's default metrics.
@@ -251,12 +257,16 @@ def hf_pretrained(
             "while local_files_only=True."
         )
 
-    if task == "causal_lm":
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=local_files_only)
+    if init_device not in (None, "meta"):
+        raise ValueError(f"hf_pretrained: init_device={init_device!r}; allowed: None, 'meta'.")
+    auto_class = AutoModelForCausalLM if task == "causal_lm" else AutoModelForSequenceClassification
+    extra: dict[str, Any] = {} if num_labels is None else {"num_labels": num_labels}
+    if init_device == "meta":
+        config = AutoConfig.from_pretrained(path, local_files_only=local_files_only, **extra)
+        with torch.device("meta"):
+            model = auto_class.from_config(config)
     else:
-        extra: dict[str, Any] = {} if num_labels is None else {"num_labels": num_labels}
-        model = AutoModelForSequenceClassification.from_pretrained(
-            path, local_files_only=local_files_only, **extra)
+        model = auto_class.from_pretrained(path, local_files_only=local_files_only, **extra)
 
     tokenizer: Any = None
     if tokenizer_name_or_path is not None:

@@ -69,7 +69,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     eval_batch = cfg.device_eval_batch_size or train_batch
     seed_all(cfg.seed)
 
-    model = _build("model", registry.models, cfg.model)
+    model = _build_model(cfg)
     train_dataloader = _build("train_loader", registry.datasets, cfg.train_loader,
                               batch_size=train_batch)
     eval_dataloader = None
@@ -114,6 +114,27 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     except ValueError as exc:  # a user-fixable argument, e.g. device: cuda without CUDA
         problem = ConfigProblem("<Trainer>", f"the Trainer rejected the run: {exc}")
         raise ConfigError([problem]) from exc
+
+
+def _build_model(cfg: TrainConfig) -> Any:
+    """The model; on the meta device on ranks other than 0 when FSDP's
+    ``cpu_ram_efficient_loading`` is set (rank 0 reads the weights and broadcasts them after
+    sharding). A builder that takes ``init_device`` is given ``init_device="meta"``; any
+    other is called under ``torch.device("meta")``."""
+    from cadence.trainer.parallel.config import parse_parallelism_config
+
+    fsdp = parse_parallelism_config(cfg.parallelism_config).fsdp
+    if fsdp is None or not fsdp.cpu_ram_efficient_loading or dist.get_global_rank() == 0:
+        return _build("model", registry.models, cfg.model)
+    import inspect
+
+    import torch
+
+    builder = registry.models.get(cfg.model["name"])
+    if "init_device" in inspect.signature(builder).parameters:
+        return _build("model", registry.models, cfg.model, init_device="meta")
+    with torch.device("meta"):
+        return _build("model", registry.models, cfg.model)
 
 
 def _build(

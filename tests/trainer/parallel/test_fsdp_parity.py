@@ -10,9 +10,10 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, Dataset
 
-from cadence import Trainer, dist
+from cadence import Callback, State, Trainer, dist
 from cadence.models.gpt import gpt2
 from cadence.trainer.loggers import InMemoryLogger
+from cadence.trainer.parallel.grad_norm import get_grad_norm
 
 STEPS = 10
 GLOBAL_BATCH = 8
@@ -49,14 +50,27 @@ def train_losses(parallelism_config: Optional[dict[str, Any]]) -> tuple[list[flo
     loader = DataLoader(dataset, batch_size=GLOBAL_BATCH // world,
                         sampler=dist.get_sampler(dataset, shuffle=False))
     memory = InMemoryLogger()
+    grad_norms = GradNorms()
     trainer = Trainer(model=model, train_dataloader=loader, max_duration=f"{STEPS}ba",
                       optimizers=torch.optim.AdamW(model.parameters(), lr=1e-2),
                       loggers=[memory], log_interval="1ba", progress_bar=False, seed=0,
-                      parallelism_config=parallelism_config, device="cpu")
+                      parallelism_config=parallelism_config, device="cpu",
+                      callbacks=[grad_norms])
     trainer.fit()
     losses = [value for _, value in memory.data["loss/train/total"]]
     assert len(losses) == STEPS
+    trainer.grad_norms = grad_norms.values  # type: ignore[attr-defined]
     return losses, trainer
+
+
+class GradNorms(Callback):
+    """The total gradient norm of each step (gradients final, before the optimizer)."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def after_train_batch(self, state: State, logger: Any) -> None:
+        self.values.append(float(get_grad_norm(state.model.parameters())))
 
 
 def local_bytes(trainer: Trainer) -> dict[str, int]:
@@ -80,7 +94,8 @@ def reference() -> dict[str, Any]:
     """The single-process loss curve and byte counts (computed once, in this process)."""
     losses, trainer = train_losses(None)
     assert losses[-1] < losses[0]  # it learns
-    return {"losses": losses, "bytes": local_bytes(trainer)}
+    return {"losses": losses, "bytes": local_bytes(trainer),
+            "grad_norms": trainer.grad_norms}  # type: ignore[attr-defined]
 
 
 STRATEGIES = {
@@ -104,6 +119,9 @@ def test_same_loss_curve_as_single_process(reference: dict[str, Any], strategy: 
     expected = reference["losses"]
     worst = max(abs(a - b) for a, b in zip(losses, expected))
     assert worst <= TOLERANCE, f"{strategy}: max |loss diff| {worst:.2e} > {TOLERANCE}"
+    # the gradient-norm helper sees the global gradient (DTensor shards reduced over the mesh)
+    norms = trainer.grad_norms  # type: ignore[attr-defined]
+    assert norms == pytest.approx(reference["grad_norms"], rel=1e-4)
     if strategy == "ddp":
         assert isinstance(trainer.state.model, torch.nn.parallel.DistributedDataParallel)
     else:
