@@ -4,6 +4,8 @@
 
     cadence train RUN.yaml [key=value ...]     # e.g. cadence train yamls/quickstart.yaml seed=3
     cadence launch -n 2 RUN.yaml [key=value ...]   # the same on 2 ranks, through torchrun
+    cadence convert CHECKPOINT --to hf OUT_DIR     # model.safetensors + config (+ tokenizer)
+    cadence convert CHECKPOINT --to full OUT.pt    # merge a sharded checkpoint into one file
 
 ``train`` loads the run file, applies the ``key=value`` overrides (dotted keys, YAML values,
 as in OmegaConf's dotlist), checks everything (see :func:`~cadence.trainer.config.load_config`),
@@ -44,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_train(subparsers)
     _add_launch(subparsers)
+    _add_convert(subparsers)
     return parser
 
 
@@ -125,6 +128,38 @@ def _launch(args: argparse.Namespace) -> int:
         run(torchrun_args)
     except ChildFailedError:
         return 1  # torchrun has printed the failing rank's traceback
+    return 0
+
+
+def _add_convert(subparsers: argparse._SubParsersAction) -> None:
+    convert = subparsers.add_parser(
+        "convert",
+        help="export a checkpoint (to Hugging Face format, or to one full file)",
+        description="Export a full or sharded checkpoint: --to hf writes model.safetensors, "
+                    "config.json and the tokenizer for from_pretrained; --to full merges a "
+                    "sharded checkpoint into one file.",
+    )
+    convert.add_argument("checkpoint", help="a full .pt file or a sharded checkpoint directory")
+    convert.add_argument("--to", choices=("hf", "full"), required=True, help="output format")
+    convert.add_argument("out", help="output directory (hf) or file (full)")
+    convert.set_defaults(func=_convert)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from cadence.trainer.checkpoint.checkpoint import CheckpointError
+    from cadence.trainer.checkpoint.export import to_full, to_huggingface
+
+    try:
+        if args.to == "hf":
+            out = to_huggingface(Path(args.checkpoint), Path(args.out))
+        else:
+            out = to_full(Path(args.checkpoint), Path(args.out))
+    except CheckpointError as exc:
+        print(f"cadence convert: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
     return 0
 
 

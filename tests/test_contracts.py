@@ -14,7 +14,13 @@ from cadence.trainer.registry import algorithms, callbacks, loggers
 from tests.common.models import SimpleModel, make_dataloader
 
 # Constructor arguments for components that need some; everything else uses its defaults.
-REQUIRED_KWARGS: dict[str, dict[str, Any]] = {}
+REQUIRED_KWARGS: dict[str, dict[str, Any]] = {
+    # SimpleModel's eval metric; patience 1ep cannot run out in a 2-epoch run, and accuracy
+    # never exceeds 2, so neither stopper ends the run early.
+    "early_stopper": {"monitor": "MulticlassAccuracy", "dataloader_label": "eval"},
+    "threshold_stopper": {"monitor": "MulticlassAccuracy", "dataloader_label": "eval",
+                          "threshold": 2.0},
+}
 
 
 def _fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **components: Any) -> Trainer:

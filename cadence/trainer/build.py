@@ -110,6 +110,18 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
             save_folder=cfg.save_folder,
             hyperparameters=config_to_dict(cfg),
             parallelism_config=cfg.parallelism_config,
+            save_filename=cfg.save_filename,
+            save_interval=cfg.save_interval,
+            save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
+            save_overwrite=cfg.save_overwrite,
+            save_weights_only=cfg.save_weights_only,
+            save_latest_filename=cfg.save_latest_filename,
+            save_state_dict_type=cfg.save_state_dict_type,
+            load_path=cfg.load_path,
+            load_weights_only=cfg.load_weights_only,
+            load_strict_model_weights=cfg.load_strict_model_weights,
+            load_ignore_keys=list(cfg.load_ignore_keys),
+            autoresume=cfg.autoresume,
         )
     except ValueError as exc:  # a user-fixable argument, e.g. device: cuda without CUDA
         problem = ConfigProblem("<Trainer>", f"the Trainer rejected the run: {exc}")

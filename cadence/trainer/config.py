@@ -38,7 +38,7 @@ import typing
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Literal, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Union
 
 import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -98,6 +98,11 @@ class TrainConfig:
         loggers: ``{name: {kwargs}}``.
         parallelism_config: ``{fsdp: {...}}`` shards with FSDP2 (keys and their FSDP2 meaning:
             :mod:`cadence.trainer.parallel.config`); null: DDP when launched on several ranks.
+        save_filename, save_interval, save_num_checkpoints_to_keep, save_overwrite,
+        save_weights_only, save_latest_filename, save_state_dict_type, load_path,
+        load_weights_only, load_strict_model_weights, load_ignore_keys, autoresume: the
+            Trainer's checkpoint arguments of the same names (checkpoints are written only
+            when ``save_folder`` is set).
         variables: free-form values for interpolation (``${variables.seq_len}``); not read
             by the trainer (llm-foundry's convention).
     """
@@ -124,6 +129,18 @@ class TrainConfig:
     callbacks: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     loggers: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     parallelism_config: Optional[Dict[str, Any]] = None
+    save_filename: str = "ep{epoch}-ba{batch}"
+    save_interval: Optional[str] = "1ep"
+    save_num_checkpoints_to_keep: int = -1
+    save_overwrite: bool = False
+    save_weights_only: bool = False
+    save_latest_filename: str = "latest-{run_name}"
+    save_state_dict_type: Optional[str] = None
+    load_path: Optional[str] = None
+    load_weights_only: bool = False
+    load_strict_model_weights: bool = True
+    load_ignore_keys: List[str] = field(default_factory=list)
+    autoresume: bool = False
     variables: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -183,7 +200,7 @@ _MULTI_SECTIONS: dict[str, registry.Registry[Callable[..., Any]]] = {
     "callbacks": registry.callbacks,
     "loggers": registry.loggers,
 }
-_TIME_FIELDS = ("max_duration", "eval_interval", "log_interval")
+_TIME_FIELDS = ("max_duration", "eval_interval", "log_interval", "save_interval")
 _BATCH_KEY_FOR = {
     "train_loader": "global_train_batch_size", "eval_loader": "device_eval_batch_size",
 }
@@ -429,7 +446,7 @@ _EXAMPLE_NAME = {
 
 def _check_field_value(key: str, value: Any) -> list[ConfigProblem]:
     """Checks on a typed top-level value beyond its type."""
-    if key in _TIME_FIELDS:
+    if key in _TIME_FIELDS and value is not None:
         try:
             time = Time.from_timestring(value)
         except ValueError as exc:
@@ -446,6 +463,8 @@ def _check_field_value(key: str, value: Any) -> list[ConfigProblem]:
         return [ConfigProblem(key, f"{value!r} must be a positive number of samples.")]
     if key == "eval_subset_num_batches" and value < -1:
         return [ConfigProblem(key, f"{value!r} must be -1 (all batches) or >= 0.")]
+    if key == "save_state_dict_type" and value not in (None, "full", "sharded"):
+        return [ConfigProblem(key, _choice_message(value, ["full", "sharded", "null"]))]
     if key == "device" and value is not None and value not in _DEVICES:
         return [ConfigProblem(key, _choice_message(value, [*_DEVICES, "null"]))]
     if key == "parallelism_config":

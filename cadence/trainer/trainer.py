@@ -13,6 +13,8 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 import torch
 
 from cadence.trainer import dist
+from cadence.trainer.checkpoint import load_checkpoint
+from cadence.trainer.checkpoint.resume import resolve_load_path, skip_consumed_batches
 from cadence.trainer.core import (
     Algorithm, Callback, Engine, Evaluator, Event, State, Time, TimeLike, TimeUnit,
 )
@@ -118,6 +120,20 @@ class Trainer:
         hyperparameters: logged once through every logger destination (e.g. the YAML config).
         parallelism_config: ``{"fsdp": {...}}`` (see :mod:`cadence.trainer.parallel.config`)
             shards the model with FSDP2; without it, a run of several ranks uses DDP.
+        save_filename, save_interval, save_num_checkpoints_to_keep, save_overwrite,
+        save_weights_only, save_latest_filename: checkpointing into ``save_folder`` (a
+            :class:`~cadence.callbacks.CheckpointSaver` is added when ``save_folder`` is set
+            and ``save_interval`` is not None); see that class for each.
+        save_state_dict_type: ``full`` or ``sharded``; default ``full``, or the fsdp config's
+            ``state_dict_type`` (``sharded``) in an FSDP run.
+        load_path: a checkpoint to start from (a ``.pt`` file or a sharded directory).
+        load_weights_only: take only the model's weights from ``load_path``.
+        load_strict_model_weights: the model's keys must match the checkpoint's.
+        load_ignore_keys: glob patterns of what not to load (e.g. ``model/model.score.*``,
+            ``optimizers``, ``rng``); see :func:`~cadence.trainer.checkpoint.load_checkpoint`.
+        autoresume: continue from the newest complete checkpoint of this ``run_name`` in
+            ``save_folder`` (bit-exact on the same world size), else start fresh (or from
+            ``load_path``). Needs ``save_folder`` and an explicit ``run_name``.
 
     Raises:
         ValueError / TypeError: for bad arguments, naming the argument and the fix, before any
@@ -147,6 +163,18 @@ class Trainer:
         save_folder: Optional[str] = None,
         hyperparameters: Optional[Mapping[str, Any]] = None,
         parallelism_config: Any = None,
+        save_filename: str = "ep{epoch}-ba{batch}",
+        save_interval: Any = "1ep",
+        save_num_checkpoints_to_keep: int = -1,
+        save_overwrite: bool = False,
+        save_weights_only: bool = False,
+        save_latest_filename: str = "latest-{run_name}",
+        save_state_dict_type: Optional[str] = None,
+        load_path: Optional[str] = None,
+        load_weights_only: bool = False,
+        load_strict_model_weights: bool = True,
+        load_ignore_keys: Sequence[str] = (),
+        autoresume: bool = False,
     ) -> None:
         self._check_model(model)
         if device_train_microbatch_size is not None and (
@@ -190,6 +218,17 @@ class Trainer:
             progress = default_progress_destination(progress_bar, self.log_interval)
             if progress is not None:
                 destinations.append(progress)
+        if autoresume and (save_folder is None or run_name is None):
+            raise ValueError("autoresume=True needs save_folder and an explicit run_name, to "
+                             "find the run's checkpoints.")
+        self.hyperparameters = dict(hyperparameters or {})
+        self.hyperparameters.setdefault("rank_zero_seed", rank_zero_seed)
+        self._add_checkpoint_saver(
+            save_interval=save_interval, filename=save_filename,
+            latest_filename=save_latest_filename,
+            num_checkpoints_to_keep=save_num_checkpoints_to_keep, overwrite=save_overwrite,
+            weights_only=save_weights_only, state_dict_type=save_state_dict_type,
+            autoresume=autoresume)
         self.logger = Logger(self.state, destinations)
         self.engine = Engine(self.state, self.logger, destinations)
 
@@ -198,12 +237,48 @@ class Trainer:
         self._build_optimizers(_as_list(optimizers), _as_list(schedulers))
         self._build_metrics()
         self.engine.run_event(Event.BEFORE_LOAD)
+        path, resuming = resolve_load_path(
+            autoresume, self.state.save_folder,
+            save_latest_filename.format(run_name=self.state.run_name), load_path)
+        if path is not None:
+            load_checkpoint(self.state, path, weights_only=load_weights_only and not resuming,
+                            strict=load_strict_model_weights, ignore_keys=load_ignore_keys)
+            log.info("Loaded checkpoint %s at %s", path, self.state.timestamp)
         self.engine.run_event(Event.AFTER_LOAD)
-        hparams = dict(hyperparameters or {})
-        hparams.setdefault("rank_zero_seed", rank_zero_seed)
-        self.logger.log_hyperparameters(hparams)
+        self.logger.log_hyperparameters(self.hyperparameters)
 
     # ------------------------------------------------------------------ wiring
+    def _add_checkpoint_saver(self, save_interval: Any, state_dict_type: Optional[str],
+                              autoresume: bool, **kwargs: Any) -> None:
+        """Add a CheckpointSaver when the run has a save_folder (Composer does the same)."""
+        state = self.state
+        if state.save_folder is None or save_interval is None:
+            return
+        from cadence.callbacks.checkpoint_saver import CheckpointSaver
+        from cadence.trainer.checkpoint.files import find_latest_checkpoint
+
+        fsdp = self.parallelism_config.fsdp
+        fmt = state_dict_type or (fsdp.state_dict_type if fsdp is not None else "full")
+        saver = CheckpointSaver(folder=state.save_folder, save_interval=save_interval,
+                                state_dict_type=fmt, metadata=self._checkpoint_metadata(),
+                                **kwargs)
+        if not (autoresume or kwargs["overwrite"]):
+            existing = find_latest_checkpoint(saver.folder(state),
+                                              saver.latest_template.format(run_name=state.run_name))
+            if existing is not None:
+                raise ValueError(
+                    f"save_folder {state.save_folder} already holds checkpoint {existing}; set "
+                    f"autoresume=True to continue that run, save_overwrite=True to replace its "
+                    f"checkpoints, or choose another save_folder / run_name."
+                )
+        state.callbacks.append(saver)
+
+    def _checkpoint_metadata(self) -> dict[str, Any]:
+        """The run's config, and for a HuggingFaceModel what export needs to rebuild it."""
+        from cadence.trainer.checkpoint.export import huggingface_metadata
+
+        return {"config": self.hyperparameters, **huggingface_metadata(self.state.model)}
+
     def _parallelize(self, optimizers: list[torch.optim.Optimizer]) -> None:
         """Move the model to the device, then shard (FSDP2) or replicate (DDP) it. A user's
         optimizer is pointed at the sharded parameters, which FSDP2 creates anew."""
@@ -301,7 +376,7 @@ class Trainer:
             if self._eval_due(after_epoch=False):
                 self._eval_all()
             self.engine.run_event(Event.BATCH_CHECKPOINT)
-            if self._training_done():
+            if self._training_done() and not self._epoch_exhausted():
                 break
         else:
             state.timestamp = state.timestamp.to_next_epoch()
@@ -310,6 +385,11 @@ class Trainer:
                 self._eval_all()
             self.engine.run_event(Event.EPOCH_CHECKPOINT)
 
+    def _epoch_exhausted(self) -> bool:
+        """Whether the last batch was the epoch's last (then the epoch ends normally)."""
+        length = self.state.dataloader_len
+        return length is not None and self.state.timestamp.batch_in_epoch >= length
+
     def _iter_train_batches(self) -> Iterator[Any]:
         """Yield device batches, firing BEFORE_DATALOADER / AFTER_DATALOADER around each fetch.
 
@@ -317,8 +397,11 @@ class Trainer:
         once per batch; an unsized one fires it once more at exhaustion.
         """
         state = self.state
-        iterator = iter(state.train_dataloader)  # type: ignore[arg-type]
-        remaining = state.dataloader_len
+        if state.timestamp.batch_in_epoch > 0:  # resumed mid-epoch: skip what was consumed
+            iterator, remaining = skip_consumed_batches(state.train_dataloader,
+                                                        state.timestamp.batch_in_epoch)
+        else:
+            iterator, remaining = iter(state.train_dataloader), state.dataloader_len  # type: ignore[arg-type]
         while remaining is None or remaining > 0:
             self.engine.run_event(Event.BEFORE_DATALOADER)
             try:
@@ -352,6 +435,9 @@ class Trainer:
                 total_loss += self._train_microbatch(microbatch, share)
             num_tokens += self._num_tokens(microbatch)
         state.batch, state.total_loss = batch, total_loss
+        if self.grad_scaler is not None:  # AFTER_TRAIN_BATCH sees true gradients (clipping)
+            for optimizer in state.optimizers:
+                self.grad_scaler.unscale_(optimizer)
         engine.run_event(Event.AFTER_TRAIN_BATCH)
         self._optimizer_step()
         world = dist.get_world_size()

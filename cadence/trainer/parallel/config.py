@@ -73,7 +73,6 @@ REFUSED_KEYS = {
                                 "mixed_precision: {reduce_dtype: bf16} for low-precision reduction.",
     "activation_checkpointing_reentrant": "cadence uses non-reentrant checkpointing only (the "
                                           "reentrant form is deprecated upstream).",
-    "state_dict_type": "checkpoint formats are not available yet in this version of cadence.",
     "activation_checkpointing": "use the activation_checkpointing algorithm (not available yet in "
                                 "this version of cadence).",
     "activation_cpu_offload": "use the activation_checkpointing algorithm's offload_to_cpu (not "
@@ -124,6 +123,8 @@ class FSDPConfig:
         data_parallel_replicate_degree: replicas for HYBRID strategies; -1 (default) infers
             it (the number of nodes for HYBRID_*; the world size for NO_SHARD).
         verbose: print the wrap plan (each unit, its parameter count, the strategy) on rank 0.
+        state_dict_type: checkpoint format: ``sharded`` (default; a DCP directory, each rank
+            writing its shards) or ``full`` (one file gathered on rank 0).
     """
 
     sharding_strategy: str = "FULL_SHARD"
@@ -144,6 +145,7 @@ class FSDPConfig:
     data_parallel_shard_degree: int = -1
     data_parallel_replicate_degree: int = -1
     verbose: bool = False
+    state_dict_type: str = "sharded"
 
 
 @dataclass
@@ -239,6 +241,10 @@ def _parse_fsdp(raw: Mapping[str, Any], prefix: str, problems: Problems) -> FSDP
             parsed = _choice(problems, where, value, SHARDING_STRATEGIES, _STRATEGY_ALIASES)
         elif key == "mixed_precision":
             parsed = _parse_mixed_precision(problems, where, value)
+        elif key == "state_dict_type":
+            parsed = _choice(problems, where, value, ("full", "sharded"),
+                             {"FULL_STATE_DICT": "full", "SHARDED_STATE_DICT": "sharded",
+                              "full_state_dict": "full", "sharded_state_dict": "sharded"})
         elif key == "backward_prefetch":
             if str(value).upper() in ("BACKWARD_POST", "NONE"):
                 _problem(problems, where, f"{value!r} has no FSDP2 equivalent: FSDP2 always "

@@ -1,0 +1,348 @@
+"""Save and load a run's checkpoint, ``full`` or ``sharded``, from any world size to any other.
+
+What a checkpoint holds: the model; the optimizer state (keyed by parameter name, so it
+loads on any number of ranks); schedulers; the timestamp (which is also the data position);
+every rank's RNG state; algorithm and callback state; and metadata (cadence and torch
+versions, world size, format, the run's config, and for a ``HuggingFaceModel`` its
+``transformers`` config and tokenizer, so ``cadence convert`` can export it).
+
+Formats:
+
+- ``full``: one file written by rank 0, the model and optimizer gathered to CPU
+  (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict=True``). Loading: rank 0
+  reads it and broadcasts into the (possibly sharded) model (``broadcast_from_rank0``).
+- ``sharded``: a ``torch.distributed.checkpoint`` (DCP) directory, each rank writing its own
+  shards, plus ``extra.pt`` (timestamp, schedulers, RNG, metadata) from rank 0. DCP reshards
+  on load, so N ranks' checkpoint loads on M ranks.
+
+Every ``torch.load`` here uses ``weights_only=True`` (DCP's own pickled values included,
+through :class:`SafeLoadPlanner`). Source: PyTorch DCP docs; torchtitan's checkpointing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import io
+import os
+import secrets
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
+
+from cadence.trainer import dist
+from cadence.trainer.checkpoint.files import EXTRA_FILE, TMP_MARK, is_complete
+from cadence.trainer.checkpoint.rng import get_rng_state, set_rng_state
+from cadence.trainer.core.state import State
+from cadence.trainer.core.time import Timestamp
+
+__all__ = ["save_checkpoint", "load_checkpoint", "read_metadata", "SafeLoadPlanner",
+           "CheckpointError"]
+
+FORMATS = ("full", "sharded")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, truncated, corrupt or does not fit the run (names the file)."""
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default planner, but non-tensor values load with ``weights_only=True``."""
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._traverse import set_element
+
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+@contextlib.contextmanager
+def _single_process_dcp() -> Any:
+    """DCP warns on every call without a process group; in one process that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable "
+                                                  "or uninitialized", category=UserWarning)
+        yield
+
+
+def _options(full: bool, strict: bool = True, broadcast: bool = False) -> StateDictOptions:
+    return StateDictOptions(full_state_dict=full, cpu_offload=full, strict=strict,
+                            broadcast_from_rank0=broadcast)
+
+
+def _full_tensors(obj: Any) -> Any:
+    """``obj`` with DTensors gathered to plain CPU tensors (a collective: all ranks call it)."""
+    if isinstance(obj, DTensor):
+        return obj.full_tensor().cpu()
+    if isinstance(obj, dict):
+        return {k: _full_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_full_tensors(v) for v in obj)
+    return obj
+
+
+def state_keys(objects: Sequence[Any]) -> list[str]:
+    """Checkpoint keys of algorithms / callbacks: the class name, with ``#2``, ``#3``... for
+    further instances of the same class (so two EarlyStoppers keep their own state)."""
+    seen: dict[str, int] = {}
+    keys = []
+    for obj in objects:
+        name = type(obj).__qualname__
+        seen[name] = seen.get(name, 0) + 1
+        keys.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return keys
+
+
+def _named_states(objects: Sequence[Any]) -> dict[str, Any]:
+    return {key: obj.state_dict() for key, obj in zip(state_keys(objects), objects)}
+
+
+def _metadata(state: State, fmt: str, extra: Optional[dict[str, Any]]) -> dict[str, Any]:
+    import cadence
+
+    meta = {"cadence_version": cadence.__version__, "torch_version": str(torch.__version__),
+            "world_size": dist.get_world_size(), "format": fmt, "run_name": state.run_name,
+            "rank_zero_seed": state.rank_zero_seed}
+    meta.update(extra or {})
+    return meta
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(state: State, path: Path, fmt: str = "full", weights_only: bool = False,
+                    metadata: Optional[dict[str, Any]] = None) -> Path:
+    """Write a checkpoint of ``state`` at ``path`` (a ``.pt`` file for ``full``, a directory
+    for ``sharded``), atomically: written under a temporary name, renamed when every rank
+    is done. Call on every rank.
+
+    Raises:
+        ValueError: unknown ``fmt``.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"checkpoint format {fmt!r} is not one of: {', '.join(FORMATS)}.")
+    full = fmt == "full"
+    model_sd = get_model_state_dict(state.model, options=_options(full))
+    tensors: dict[str, Any] = {"model": model_sd}
+    if not weights_only:
+        tensors["optimizers"] = {str(i): get_optimizer_state_dict(state.model, opt, options=_options(full))
+                                 for i, opt in enumerate(state.optimizers)}
+        tensors["algorithms"] = _named_states(state.algorithms)
+        tensors["callbacks"] = _named_states(state.callbacks)
+        if full:
+            tensors["algorithms"] = _full_tensors(tensors["algorithms"])
+            tensors["callbacks"] = _full_tensors(tensors["callbacks"])
+    extra: dict[str, Any] = {"metadata": _metadata(state, fmt, metadata),
+                             "timestamp": state.timestamp.state_dict()}
+    if not weights_only:
+        extra["schedulers"] = [s.state_dict() for s in state.schedulers]
+        extra["rng"] = dist.all_gather_object(get_rng_state())
+    token = [secrets.token_hex(4)]
+    dist.broadcast_object_list(token)
+    tmp = path.with_name(f"{path.name}{TMP_MARK}{token[0]}")
+    rank0 = dist.get_global_rank() == 0
+    if full:
+        if rank0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                torch.save({**tensors, **extra}, f)
+                f.flush()
+                os.fsync(f.fileno())
+    else:
+        if rank0:
+            tmp.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        with _single_process_dcp():
+            dcp.save(tensors, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
+        if rank0:
+            with open(tmp / EXTRA_FILE, "wb") as f:
+                torch.save(extra, f)
+                f.flush()
+                os.fsync(f.fileno())
+    dist.barrier()  # every rank's part is on disk
+    if rank0:
+        if path.exists():  # only reached with save_overwrite; the caller checked
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    dist.barrier()
+    return path
+
+
+def _torch_load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"Checkpoint file {path} does not exist.") from None
+    except Exception as exc:  # truncated zip, bad pickle, disallowed global
+        raise CheckpointError(
+            f"Checkpoint file {path} cannot be read: it is truncated or corrupt, or holds objects "
+            f"that weights_only loading refuses. Load an earlier checkpoint. "
+            f"({type(exc).__name__}: {str(exc)[:500]})"
+        ) from exc
+
+
+def read_metadata(path: Path) -> dict[str, Any]:
+    """The metadata of the checkpoint at ``path`` (rank-local read; no collective).
+
+    Raises:
+        CheckpointError: ``path`` is not a complete checkpoint or cannot be read.
+    """
+    path = Path(path)
+    if not is_complete(path):
+        raise CheckpointError(f"{path} is not a complete checkpoint (a full .pt file, or a "
+                              f"sharded directory with .metadata and {EXTRA_FILE}).")
+    extra = _torch_load(path / EXTRA_FILE if path.is_dir() else path)
+    return dict(extra["metadata"])
+
+
+def _drop_ignored(sd: dict[str, Any], prefix: str, ignore: Sequence[str]) -> dict[str, Any]:
+    return {k: v for k, v in sd.items()
+            if not any(fnmatch.fnmatchcase(f"{prefix}/{k}", pat) for pat in ignore)}
+
+
+def _ignored(key: str, ignore: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(key, pat) for pat in ignore)
+
+
+def load_checkpoint(state: State, path: Path, weights_only: bool = False, strict: bool = True,
+                    ignore_keys: Sequence[str] = ()) -> dict[str, Any]:
+    """Load the checkpoint at ``path`` into ``state`` (call on every rank).
+
+    Args:
+        state: the run's state; its model may be sharded differently from the checkpoint's.
+        path: a full ``.pt`` file or a sharded directory.
+        weights_only: load the model only (fresh optimizer, schedulers and timestamp).
+        strict: the model's keys must match the checkpoint's exactly.
+        ignore_keys: glob patterns of what to skip: ``model/<parameter name>`` (e.g.
+            ``model/model.classifier.*``), ``optimizers``, ``schedulers``, ``timestamp``,
+            ``rng``, ``algorithms/<Class>``, ``callbacks/<Class>``.
+
+    Returns:
+        The checkpoint's metadata.
+
+    Raises:
+        CheckpointError: missing, truncated or corrupt file, missing shard, or a checkpoint
+            that does not fit the model (the message names the file).
+    """
+    path = Path(path)
+    if not is_complete(path):
+        raise CheckpointError(f"{path} is not a complete checkpoint (missing, still being "
+                              f"written, or a sharded directory without its .metadata).")
+    if path.is_dir():
+        return _load_sharded(state, path, weights_only, strict, ignore_keys)
+    return _load_full(state, path, weights_only, strict, ignore_keys)
+
+
+def _load_full(state: State, path: Path, weights_only: bool, strict: bool,
+               ignore_keys: Sequence[str]) -> dict[str, Any]:
+    rank0 = dist.get_global_rank() == 0
+    error: list[Any] = [None]
+    loaded: Any = None
+    if rank0:
+        try:
+            loaded = _torch_load(path)
+        except CheckpointError as exc:
+            error[0] = str(exc)
+    dist.broadcast_object_list(error)
+    if error[0] is not None:
+        raise CheckpointError(error[0])
+    # Rank 0 holds the tensors; the rest of the checkpoint is small: broadcast it.
+    small = [None]
+    if rank0:
+        small[0] = {k: v for k, v in loaded.items() if k not in ("model", "optimizers")}
+    dist.broadcast_object_list(small)
+    rest: dict[str, Any] = small[0]  # type: ignore[assignment]
+    broadcast = dist.get_world_size() > 1
+    model_sd = _drop_ignored(loaded["model"], "model", ignore_keys) if rank0 else {}
+    try:
+        set_model_state_dict(state.model, model_sd,
+                             options=_options(True, strict=strict and not ignore_keys,
+                                              broadcast=broadcast))
+    except (RuntimeError, KeyError, ValueError) as exc:
+        raise CheckpointError(f"The model in {path} does not fit this run's model: {exc}") from exc
+    if not weights_only:
+        if not _ignored("optimizers", ignore_keys):
+            for i, optimizer in enumerate(state.optimizers):
+                optim_sd = loaded["optimizers"][str(i)] if rank0 else {}
+                set_optimizer_state_dict(state.model, optimizer, optim_sd,
+                                         options=_options(True, broadcast=broadcast))
+        _restore_rest(state, rest, ignore_keys)
+    return dict(rest["metadata"])
+
+
+def _load_sharded(state: State, path: Path, weights_only: bool, strict: bool,
+                  ignore_keys: Sequence[str]) -> dict[str, Any]:
+    extra = _torch_load(path / EXTRA_FILE)
+    template: dict[str, Any] = {
+        "model": _drop_ignored(get_model_state_dict(state.model), "model", ignore_keys)}
+    if not weights_only:
+        if not _ignored("optimizers", ignore_keys):
+            template["optimizers"] = {str(i): get_optimizer_state_dict(state.model, opt)
+                                      for i, opt in enumerate(state.optimizers)}
+        for kind in ("algorithms", "callbacks"):
+            named = {k: v for k, v in _named_states(getattr(state, kind)).items()
+                     if v and not _ignored(f"{kind}/{k}", ignore_keys)}
+            if named:
+                template[kind] = named
+    try:
+        with _single_process_dcp():
+            dcp.load(template, checkpoint_id=str(path), no_dist=not dist.is_initialized(),
+                     planner=SafeLoadPlanner(allow_partial_load=not strict or bool(ignore_keys)))
+    except Exception as exc:  # a missing shard file, a key the checkpoint lacks, ...
+        raise CheckpointError(f"Cannot load sharded checkpoint {path}: {exc}") from exc
+    set_model_state_dict(state.model, template["model"],
+                         options=_options(False, strict=strict and not ignore_keys))
+    if not weights_only:
+        for i, optimizer in enumerate(state.optimizers):
+            if "optimizers" in template:
+                set_optimizer_state_dict(state.model, optimizer, template["optimizers"][str(i)])
+        rest = {k: v for k, v in extra.items()}
+        for kind in ("algorithms", "callbacks"):
+            rest[kind] = template.get(kind, {})
+        _restore_rest(state, rest, ignore_keys)
+    return dict(extra["metadata"])
+
+
+def _restore_rest(state: State, rest: dict[str, Any], ignore_keys: Sequence[str]) -> None:
+    """Schedulers, timestamp, this rank's RNG, algorithm and callback state."""
+    if not _ignored("schedulers", ignore_keys):
+        schedulers = rest.get("schedulers", [])
+        if len(schedulers) != len(state.schedulers):
+            raise CheckpointError(f"The checkpoint has {len(schedulers)} schedulers, this run "
+                                  f"{len(state.schedulers)}; load with load_weights_only.")
+        for scheduler, sd in zip(state.schedulers, schedulers):
+            scheduler.load_state_dict(sd)
+    if not _ignored("timestamp", ignore_keys):
+        state.timestamp = Timestamp.from_state_dict(rest["timestamp"])
+    rng = rest.get("rng") or []
+    rank = dist.get_global_rank()
+    if not _ignored("rng", ignore_keys) and rank < len(rng):
+        set_rng_state(rng[rank])  # elastic runs: new ranks keep their fresh seeds
+    for kind in ("algorithms", "callbacks"):
+        saved = rest.get(kind, {})
+        objects = getattr(state, kind)
+        for key, obj in zip(state_keys(objects), objects):
+            if key in saved and not _ignored(f"{kind}/{key}", ignore_keys):
+                obj.load_state_dict(saved[key])

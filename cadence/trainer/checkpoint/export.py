@@ -1,0 +1,135 @@
+"""Export a checkpoint: merge a sharded one into one ``full`` file, or write a
+``HuggingFaceModel``'s weights as ``model.safetensors`` + config (+ tokenizer), loadable by
+``from_pretrained``. Runs in one process, no process group needed.
+
+Source: ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` (DCP -> one file),
+``transformers.PreTrainedModel.save_pretrained`` (safetensors).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+
+from cadence.trainer.checkpoint.checkpoint import CheckpointError, _torch_load
+from cadence.trainer.checkpoint.files import EXTRA_FILE, TMP_MARK, is_complete
+
+__all__ = ["huggingface_metadata", "load_full_state", "to_full", "to_huggingface"]
+
+HF_PREFIX = "model."  # HuggingFaceModel keeps the transformers model at .model
+
+
+def huggingface_metadata(model: torch.nn.Module) -> dict[str, Any]:
+    """What export needs to rebuild a ``HuggingFaceModel``'s ``transformers`` model: its class
+    name, config (JSON) and tokenizer (``tokenizer.json`` text and special tokens). Empty for
+    other models."""
+    if "transformers" not in sys.modules:
+        return {}
+    from transformers import PreTrainedModel
+
+    module = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    inner = getattr(module, "model", None)
+    if not isinstance(inner, PreTrainedModel):
+        return {}
+    meta: dict[str, Any] = {"hf_class": type(inner).__name__,
+                            "hf_config": json.loads(inner.config.to_json_string())}
+    tokenizer = getattr(module, "tokenizer", None)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        specials = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
+        meta["hf_tokenizer"] = {"tokenizer_json": backend.to_str(), "special_tokens": specials}
+    return meta
+
+
+class _SafeEmptyPlanner(_EmptyStateDictLoadPlanner):
+    """Rebuild the whole state dict from DCP metadata; non-tensors load with weights_only."""
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        from torch.distributed.checkpoint._traverse import set_element
+
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def load_full_state(path: Path) -> dict[str, Any]:
+    """The whole checkpoint at ``path`` as one in-memory dict of plain tensors (as a ``full``
+    file holds it), from a full file or a sharded directory.
+
+    Raises:
+        CheckpointError: not a complete checkpoint, or unreadable (naming the file).
+    """
+    path = Path(path)
+    if not is_complete(path):
+        raise CheckpointError(f"{path} is not a complete checkpoint.")
+    if path.is_file():
+        return dict(_torch_load(path))
+    state: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled",
+                                category=UserWarning)
+        try:
+            dcp.load(state, checkpoint_id=str(path), planner=_SafeEmptyPlanner(), no_dist=True)
+        except Exception as exc:
+            raise CheckpointError(f"Cannot read sharded checkpoint {path}: {exc}") from exc
+    state.update(_torch_load(path / EXTRA_FILE))
+    return state
+
+
+def to_full(checkpoint: Path, out: Path) -> Path:
+    """Merge ``checkpoint`` (sharded or full) into one ``full`` file at ``out`` (atomically);
+    it loads with ``load_path`` on any number of ranks."""
+    state = load_full_state(checkpoint)
+    state["metadata"] = {**state["metadata"], "format": "full"}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + TMP_MARK + "convert")
+    torch.save(state, tmp)
+    os.replace(tmp, out)
+    return out
+
+
+def to_huggingface(checkpoint: Path, out_dir: Path) -> Path:
+    """Write the checkpoint's ``transformers`` model to ``out_dir``: ``model.safetensors``,
+    ``config.json`` and, when the run had one, the tokenizer.
+
+    Raises:
+        CheckpointError: the checkpoint was not written from a ``HuggingFaceModel``.
+    """
+    import transformers
+    from tokenizers import Tokenizer
+
+    state = load_full_state(checkpoint)
+    meta = state["metadata"]
+    if "hf_class" not in meta:
+        raise CheckpointError(f"{checkpoint} was not saved from a HuggingFaceModel (its metadata "
+                              f"has no transformers config); export with --to full instead.")
+    config_dict = dict(meta["hf_config"])
+    config = transformers.AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
+    model = getattr(transformers, meta["hf_class"])(config)
+    weights = {k[len(HF_PREFIX):]: v for k, v in state["model"].items() if k.startswith(HF_PREFIX)}
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise CheckpointError(f"{checkpoint}: weights do not fit {meta['hf_class']} (missing "
+                              f"{missing[:5]}, unexpected {unexpected[:5]}).")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer = meta.get("hf_tokenizer")
+    if tokenizer is not None:
+        fast = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer.from_str(tokenizer["tokenizer_json"]),
+            **tokenizer["special_tokens"])
+        fast.save_pretrained(out_dir)
+    return out_dir
