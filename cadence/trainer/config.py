@@ -81,7 +81,7 @@ class TrainConfig:
         eval_interval: how often to evaluate (Time string); default ``"1ep"``.
         eval_subset_num_batches: eval batches per evaluation; ``-1`` (default) for all.
         device_train_microbatch_size: samples per forward/backward; ``None`` (default): the
-            whole per-device batch.
+            whole per-device batch; ``auto``: the largest that fits (halved on out-of-memory).
         device_eval_batch_size: eval samples per rank per batch; ``None`` (default): the
             per-device train batch size.
         precision: ``fp32`` (default), ``amp_bf16`` or ``amp_fp16``.
@@ -115,7 +115,7 @@ class TrainConfig:
     seed: int = 17
     eval_interval: str = "1ep"
     eval_subset_num_batches: int = -1
-    device_train_microbatch_size: Optional[int] = None
+    device_train_microbatch_size: Optional[Any] = None  # int or "auto", checked below
     device_eval_batch_size: Optional[int] = None
     precision: Precision = Precision.FP32
     device: Optional[str] = None
@@ -458,8 +458,11 @@ def _check_field_value(key: str, value: Any) -> list[ConfigProblem]:
         return []
     if key == "seed" and not 0 <= value < 2**32:
         return [ConfigProblem(key, f"{value!r} is out of range; a seed is in [0, 2**32).")]
+    if key == "device_train_microbatch_size" and value is not None and value != "auto" and (
+            isinstance(value, bool) or not isinstance(value, int)):
+        return [ConfigProblem(key, f"{value!r} must be a positive int, 'auto' or null.")]
     if key in ("global_train_batch_size", "device_train_microbatch_size",
-               "device_eval_batch_size") and value is not None and value < 1:
+               "device_eval_batch_size") and isinstance(value, int) and value < 1:
         return [ConfigProblem(key, f"{value!r} must be a positive number of samples.")]
     if key == "eval_subset_num_batches" and value < -1:
         return [ConfigProblem(key, f"{value!r} must be -1 (all batches) or >= 0.")]

@@ -13,6 +13,9 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 import torch
 
 from cadence.trainer import dist
+from cadence.trainer.auto_microbatch import (
+    alloc_retries, any_rank, is_out_of_memory, release_after_oom,
+)
 from cadence.trainer.checkpoint import load_checkpoint
 from cadence.trainer.checkpoint.resume import resolve_load_path, skip_consumed_batches
 from cadence.trainer.core import (
@@ -101,7 +104,9 @@ class Trainer:
         device_train_microbatch_size: samples per forward/backward; the batch's gradients
             are accumulated over microbatches and equal the full-batch gradient (each
             microbatch loss is weighted by its share of the batch's samples). ``None``: the
-            whole batch at once.
+            whole batch at once. ``'auto'``: start with the whole batch and halve it (on
+            every rank together) when a batch runs out of memory or, on CUDA, makes the
+            allocator retry (see :mod:`cadence.trainer.auto_microbatch`).
         precision: ``fp32`` (default), ``amp_bf16`` or ``amp_fp16``.
         seed: seeds ``random``, NumPy and torch with ``seed + global rank``; default: a random
             seed, kept in ``state.rank_zero_seed`` and logged.
@@ -150,7 +155,7 @@ class Trainer:
         eval_subset_num_batches: int = -1,
         optimizers: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer], None] = None,
         schedulers: Any = None,
-        device_train_microbatch_size: Optional[int] = None,
+        device_train_microbatch_size: Union[int, str, None] = None,
         precision: Union[str, Precision] = "fp32",
         seed: Optional[int] = None,
         algorithms: Union[Algorithm, Sequence[Algorithm]] = (),
@@ -177,11 +182,14 @@ class Trainer:
         autoresume: bool = False,
     ) -> None:
         self._check_model(model)
-        if device_train_microbatch_size is not None and (
+        self._auto_microbatch = device_train_microbatch_size == "auto"
+        if self._auto_microbatch:
+            device_train_microbatch_size = None  # the batch size, found at the first batch
+        elif device_train_microbatch_size is not None and (
             not isinstance(device_train_microbatch_size, int) or device_train_microbatch_size <= 0
         ):
             raise ValueError(
-                f"device_train_microbatch_size must be a positive int or None, got "
+                f"device_train_microbatch_size must be a positive int, 'auto' or None, got "
                 f"{device_train_microbatch_size!r}."
             )
         if len(_as_list(optimizers)) > 1:
@@ -416,24 +424,12 @@ class Trainer:
     def _train_batch(self) -> None:
         """One optimizer step over ``state.batch``, accumulating gradients over microbatches."""
         state, engine = self.state, self.engine
-        self.engine.run_event(Event.BATCH_START)
+        engine.run_event(Event.BATCH_START)
         batch = state.batch
         batch_size = num_samples(batch)
-        size = state.device_train_microbatch_size
-        microbatches = split_batch(batch, size) if size else [batch]
         engine.run_event(Event.BEFORE_TRAIN_BATCH)
         state.model.train()
-        for optimizer in state.optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        for metric in state.train_metrics.values():
-            metric.reset()
-        total_loss = torch.zeros((), device=state.device)
-        num_tokens = 0
-        for index, microbatch in enumerate(microbatches):
-            with self._maybe_no_sync(last=index == len(microbatches) - 1):
-                share = num_samples(microbatch) / batch_size
-                total_loss += self._train_microbatch(microbatch, share)
-            num_tokens += self._num_tokens(microbatch)
+        total_loss, num_tokens = self._forward_backward(batch, batch_size)
         state.batch, state.total_loss = batch, total_loss
         if self.grad_scaler is not None:  # AFTER_TRAIN_BATCH sees true gradients (clipping)
             for optimizer in state.optimizers:
@@ -448,6 +444,61 @@ class Trainer:
         step = state.timestamp.batch
         if step == 1 or step % self.log_interval.value == 0 or self._training_done():
             self._log_train_metrics()
+
+    def _forward_backward(self, batch: Any, batch_size: int) -> tuple[torch.Tensor, int]:
+        """Gradients of ``batch`` over its microbatches; with ``'auto'`` microbatching, retried
+        at half the microbatch size when any rank runs out of memory."""
+        state = self.state
+        if not self._auto_microbatch:
+            return self._accumulate(batch, batch_size, state.device_train_microbatch_size)
+        if state.device_train_microbatch_size is None:
+            state.device_train_microbatch_size = batch_size
+            if state.device.type != "cuda":
+                log.info("device_train_microbatch_size='auto': on %s the whole batch (%d) is "
+                         "used unless it runs out of memory.", state.device.type, batch_size)
+        while True:
+            size = state.device_train_microbatch_size
+            retries = alloc_retries(state.device)
+            failure: Optional[BaseException] = None
+            try:
+                result = self._accumulate(batch, batch_size, size)
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                failure = exc
+            if any_rank(failure is not None, state.device):
+                release_after_oom(state.model, state.optimizers, state.device)
+                self._lower_microbatch_size(size, "ran out of memory", failure)
+                continue
+            if any_rank(alloc_retries(state.device) > retries, state.device) and size > 1:
+                self._lower_microbatch_size(size, "made the CUDA allocator retry", None)
+            return result
+
+    def _lower_microbatch_size(self, size: int, reason: str,
+                               failure: Optional[BaseException]) -> None:
+        if size <= 1:
+            raise RuntimeError(f"A microbatch of 1 sample {reason}; the model does not fit "
+                               f"on this device.") from failure
+        self.state.device_train_microbatch_size = size // 2
+        log.warning("device_train_microbatch_size='auto': a microbatch of %d %s; now %d.",
+                    size, reason, size // 2)
+
+    def _accumulate(self, batch: Any, batch_size: int,
+                    size: Optional[int]) -> tuple[torch.Tensor, int]:
+        state = self.state
+        microbatches = split_batch(batch, size) if size else [batch]
+        for optimizer in state.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        for metric in state.train_metrics.values():
+            metric.reset()
+        total_loss = torch.zeros((), device=state.device)
+        num_tokens = 0
+        for index, microbatch in enumerate(microbatches):
+            with self._maybe_no_sync(last=index == len(microbatches) - 1):
+                share = num_samples(microbatch) / batch_size
+                total_loss += self._train_microbatch(microbatch, share)
+            num_tokens += self._num_tokens(microbatch)
+        return total_loss, num_tokens
 
     def _maybe_no_sync(self, last: bool) -> Any:
         """DDP's ``no_sync`` for every microbatch but the last: gradients are all-reduced once
