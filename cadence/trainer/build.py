@@ -110,6 +110,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
             save_folder=cfg.save_folder,
             hyperparameters=config_to_dict(cfg),
             parallelism_config=cfg.parallelism_config,
+            compile_config=cfg.compile_config,
             save_filename=cfg.save_filename,
             save_interval=cfg.save_interval,
             save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,

@@ -98,6 +98,8 @@ class TrainConfig:
         loggers: ``{name: {kwargs}}``.
         parallelism_config: ``{fsdp: {...}}`` shards with FSDP2 (keys and their FSDP2 meaning:
             :mod:`cadence.trainer.parallel.config`); null: DDP when launched on several ranks.
+        compile_config: ``torch.compile`` settings (``{enabled, mode, fullgraph, dynamic,
+            backend, per_block}``; see :mod:`cadence.trainer.parallel.compile`); null: none.
         save_filename, save_interval, save_num_checkpoints_to_keep, save_overwrite,
         save_weights_only, save_latest_filename, save_state_dict_type, load_path,
         load_weights_only, load_strict_model_weights, load_ignore_keys, autoresume: the
@@ -129,6 +131,7 @@ class TrainConfig:
     callbacks: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     loggers: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     parallelism_config: Optional[Dict[str, Any]] = None
+    compile_config: Optional[Dict[str, Any]] = None
     save_filename: str = "ep{epoch}-ba{batch}"
     save_interval: Optional[str] = "1ep"
     save_num_checkpoints_to_keep: int = -1
@@ -466,6 +469,13 @@ def _check_field_value(key: str, value: Any) -> list[ConfigProblem]:
         return [ConfigProblem(key, f"{value!r} must be a positive number of samples.")]
     if key == "eval_subset_num_batches" and value < -1:
         return [ConfigProblem(key, f"{value!r} must be -1 (all batches) or >= 0.")]
+    if key == "compile_config" and value is not None:
+        from cadence.trainer.parallel.compile import parse_compile_config
+
+        try:
+            parse_compile_config(value, prefix=key)
+        except ValueError as exc:
+            return [ConfigProblem(key, str(exc))]
     if key == "save_state_dict_type" and value not in (None, "full", "sharded"):
         return [ConfigProblem(key, _choice_message(value, ["full", "sharded", "null"]))]
     if key == "device" and value is not None and value not in _DEVICES:

@@ -27,6 +27,7 @@ from cadence.trainer.optim import compile_scheduler
 from cadence.trainer.parallel import (
     is_fsdp, parallelize, parse_parallelism_config, remap_optimizer_params, unwrap_model,
 )
+from cadence.trainer.parallel.compile import apply_compile, parse_compile_config
 from cadence.trainer.parallel.data import check_distributed_sampler, real_samples_on_rank
 from cadence.trainer.precision import Precision, get_precision_context
 from cadence.utils.reproducibility import seed_all
@@ -125,6 +126,9 @@ class Trainer:
         hyperparameters: logged once through every logger destination (e.g. the YAML config).
         parallelism_config: ``{"fsdp": {...}}`` (see :mod:`cadence.trainer.parallel.config`)
             shards the model with FSDP2; without it, a run of several ranks uses DDP.
+        compile_config: ``torch.compile`` per transformer block (or the whole model), applied
+            after INIT's model surgery and before sharding; see
+            :mod:`cadence.trainer.parallel.compile`. Default: no compile.
         save_filename, save_interval, save_num_checkpoints_to_keep, save_overwrite,
         save_weights_only, save_latest_filename: checkpointing into ``save_folder`` (a
             :class:`~cadence.callbacks.CheckpointSaver` is added when ``save_folder`` is set
@@ -168,6 +172,7 @@ class Trainer:
         save_folder: Optional[str] = None,
         hyperparameters: Optional[Mapping[str, Any]] = None,
         parallelism_config: Any = None,
+        compile_config: Any = None,
         save_filename: str = "ep{epoch}-ba{batch}",
         save_interval: Any = "1ep",
         save_num_checkpoints_to_keep: int = -1,
@@ -198,6 +203,7 @@ class Trainer:
         self.log_interval = Time.from_input(log_interval, TimeUnit.BATCH)
         self.eval_subset_num_batches = int(eval_subset_num_batches)
         self.parallelism_config = parse_parallelism_config(parallelism_config)
+        self.compile_config = parse_compile_config(compile_config, prefix="compile_config")
         device_obj = _resolve_device(device)
         dist.initialize_dist(device_obj)
         check_distributed_sampler(train_dataloader, "train_dataloader")
@@ -288,13 +294,15 @@ class Trainer:
         return {"config": self.hyperparameters, **huggingface_metadata(self.state.model)}
 
     def _parallelize(self, optimizers: list[torch.optim.Optimizer]) -> None:
-        """Move the model to the device, then shard (FSDP2) or replicate (DDP) it. A user's
-        optimizer is pointed at the sharded parameters, which FSDP2 creates anew."""
+        """The parallelize plan: move the model to the device, compile it (per block), then
+        shard (FSDP2) or replicate (DDP) it. A user's optimizer is pointed at the sharded
+        parameters, which FSDP2 creates anew."""
         state = self.state
         module = state.model
         if not any(t.is_meta for t in module.parameters()):
             module.to(state.device)
         names = {id(p): n for n, p in module.named_parameters()}
+        apply_compile(module, self.compile_config)
         state.model = parallelize(module, self.parallelism_config, state.device, state.precision)
         self._module = unwrap_model(state.model)
         if is_fsdp(state.model):
