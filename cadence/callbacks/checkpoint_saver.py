@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from cadence.trainer import dist
-from cadence.trainer.checkpoint.checkpoint import FORMATS, save_checkpoint
+from cadence.trainer.checkpoint.checkpoint import (
+    FORMATS, CheckpointError, read_metadata, save_checkpoint,
+)
 from cadence.trainer.checkpoint.files import format_name, remove_checkpoint, write_latest
 from cadence.trainer.core import Callback, Event, State, Time, TimeUnit
 from cadence.trainer.registry import callbacks
@@ -45,7 +47,9 @@ class CheckpointSaver(Callback):
 
     Raises:
         ValueError: bad ``save_interval``, ``state_dict_type`` or ``num_checkpoints_to_keep``.
-        FileExistsError: at save time, the checkpoint exists and ``overwrite`` is False.
+        FileExistsError: at save time, the checkpoint exists and ``overwrite`` is False
+            (except this run's own checkpoint from beyond the batch it resumed at: an earlier
+            attempt died before pointing ``latest`` at it, and it is replaced).
     """
 
     def __init__(self, folder: str = "runs/{run_name}", filename: str = "ep{epoch}-ba{batch}",
@@ -69,6 +73,7 @@ class CheckpointSaver(Callback):
         self.metadata = dict(metadata or {})
         self.saved: list[str] = []  # names of the checkpoints this run wrote, oldest first
         self._last_saved_batch: Optional[int] = None
+        self._start_batch = 0  # where this process's training starts (the loaded batch)
 
     def folder(self, state: State) -> Path:
         return Path(self.folder_template.format(run_name=state.run_name))
@@ -94,6 +99,13 @@ class CheckpointSaver(Callback):
             self._last_position = now
         return crossed or (done and state.max_duration.unit != TimeUnit.EPOCH)
 
+    def after_load(self, state: State, logger: Any) -> None:
+        """Note the batch a loaded checkpoint resumes at: it is not saved again there (a
+        finished run relaunched with autoresume ends at once, without writing a duplicate)."""
+        self._start_batch = state.timestamp.batch
+        if self._start_batch > 0:
+            self._last_saved_batch = self._start_batch
+
     def batch_checkpoint(self, state: State, logger: Any) -> None:
         if self._due(state, Event.BATCH_CHECKPOINT):
             self.save(state)
@@ -115,7 +127,7 @@ class CheckpointSaver(Callback):
         if self.state_dict_type == "full" and not name.endswith(".pt"):
             name += ".pt"
         path = folder / name
-        if path.exists() and not self.overwrite:
+        if path.exists() and not self.overwrite and not self._abandoned(state, path):
             raise FileExistsError(
                 f"Checkpoint {path} already exists; set save_overwrite=True to replace it, or "
                 f"autoresume=True to continue the run that wrote it."
@@ -130,6 +142,26 @@ class CheckpointSaver(Callback):
         self._last_saved_batch = state.timestamp.batch
         self.commit(state, folder, name)
         return path
+
+    def _abandoned(self, state: State, path: Path) -> bool:
+        """Whether the checkpoint at ``path`` is this run's own from beyond the batch it
+        resumed at: written by an attempt that was killed after renaming it into place but
+        before moving ``latest`` to it, so autoresume went back to the one before. The
+        resumed run recomputes that step; replacing the orphan is what it is for."""
+        if self._start_batch <= 0 or state.timestamp.batch <= self._start_batch:
+            return False
+        answer = [False]
+        if dist.get_global_rank() == 0:
+            try:
+                answer[0] = read_metadata(path).get("run_name") == state.run_name
+            except CheckpointError:
+                pass
+        dist.broadcast_object_list(answer)
+        if answer[0]:
+            log.warning("Replacing %s: written by an earlier attempt of run %s that stopped "
+                        "before pointing latest at it (resumed at batch %d).", path,
+                        state.run_name, self._start_batch)
+        return bool(answer[0])
 
     def commit(self, state: State, folder: Path, name: str) -> None:
         """Move the ``latest`` pointer to ``name`` and drop checkpoints beyond the limit."""

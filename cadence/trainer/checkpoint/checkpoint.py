@@ -33,6 +33,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
@@ -41,13 +42,13 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from cadence.trainer import dist
-from cadence.trainer.checkpoint.files import EXTRA_FILE, TMP_MARK, is_complete
+from cadence.trainer.checkpoint.files import EXTRA_FILE, METADATA_FILE, TMP_MARK, is_complete
 from cadence.trainer.checkpoint.rng import get_rng_state, set_rng_state
 from cadence.trainer.core.state import State
 from cadence.trainer.core.time import Timestamp
 
-__all__ = ["save_checkpoint", "load_checkpoint", "read_metadata", "SafeLoadPlanner",
-           "CheckpointError"]
+__all__ = ["save_checkpoint", "load_checkpoint", "read_metadata", "not_loadable",
+           "SafeLoadPlanner", "CheckpointError"]
 
 FORMATS = ("full", "sharded")
 
@@ -146,8 +147,9 @@ def save_checkpoint(state: State, path: Path, fmt: str = "full", weights_only: b
     model_sd = get_model_state_dict(state.model, options=_options(full))
     tensors: dict[str, Any] = {"model": model_sd}
     if not weights_only:
-        tensors["optimizers"] = {str(i): get_optimizer_state_dict(state.model, opt, options=_options(full))
-                                 for i, opt in enumerate(state.optimizers)}
+        tensors["optimizers"] = {
+            str(i): get_optimizer_state_dict(state.model, opt, options=_options(full))
+            for i, opt in enumerate(state.optimizers)}
         tensors["algorithms"] = _named_states(state.algorithms)
         tensors["callbacks"] = _named_states(state.callbacks)
         if full:
@@ -182,12 +184,52 @@ def save_checkpoint(state: State, path: Path, fmt: str = "full", weights_only: b
                 os.fsync(f.fileno())
     dist.barrier()  # every rank's part is on disk
     if rank0:
-        if path.exists():  # only reached with save_overwrite; the caller checked
+        if path.is_dir() or (path.exists() and tmp.is_dir()):  # overwrite; the caller checked
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # over a file, atomic: the old one is readable until replaced
         _fsync_dir(path.parent)
     dist.barrier()
     return path
+
+
+def not_loadable(path: Path) -> str:
+    """Why ``path`` (not :func:`~cadence.trainer.checkpoint.files.is_complete`) cannot be
+    loaded, naming it and what to do."""
+    if TMP_MARK in path.name:
+        return (f"{path} is the temporary of an unfinished save ('{TMP_MARK}' in its name); load "
+                f"the checkpoint that the latest-* pointer in its folder names.")
+    if not path.exists():
+        return f"Checkpoint {path} does not exist."
+    if path.is_dir():
+        missing = [n for n in (METADATA_FILE, EXTRA_FILE) if not (path / n).is_file()]
+        return (f"Sharded checkpoint directory {path} has no {' or '.join(missing)}: its save did "
+                f"not finish, or it is not a cadence checkpoint. Load an earlier checkpoint.")
+    return f"Checkpoint file {path} is empty (its save did not finish); load an earlier one."
+
+
+def _dcp_failure(exc: BaseException) -> str:
+    """A one-line-per-rank summary of a DCP failure (``CheckpointException`` is a
+    ``BaseException`` whose ``str`` is every rank's whole traceback): ``rank 0:
+    FileNotFoundError: ... '<dir>/__0_0.distcp'``."""
+    def one(err: BaseException) -> str:
+        refused = _refused_global(err)
+        if refused is not None:
+            return f"torch.load(weights_only=True) refuses an object in it ({refused})"
+        return f"{type(err).__name__}: {str(err)[:300]}"
+
+    if isinstance(exc, CheckpointException):
+        return "; ".join(f"rank {rank}: {one(err)}" for rank, (err, _) in
+                         sorted(exc.failures.items()))
+    return one(exc)
+
+
+def _refused_global(exc: BaseException) -> Optional[str]:
+    """``Unsupported global: GLOBAL pkg.Class ...`` when ``exc`` is torch.load's
+    weights_only refusal (its message is mostly advice on loading unsafely), else None."""
+    text = str(exc)
+    if "WeightsUnpickler error: Unsupported global:" not in text:
+        return None  # random bytes also fail in the WeightsUnpickler, as another error
+    return text.split("WeightsUnpickler error:", 1)[1].split(". Please", 1)[0].strip()
 
 
 def _torch_load(path: Path) -> Any:
@@ -196,10 +238,16 @@ def _torch_load(path: Path) -> Any:
     except FileNotFoundError:
         raise CheckpointError(f"Checkpoint file {path} does not exist.") from None
     except Exception as exc:  # truncated zip, bad pickle, disallowed global
+        refused = _refused_global(exc)
+        if refused is not None:
+            raise CheckpointError(
+                f"Checkpoint file {path} holds an object that torch.load(weights_only=True) "
+                f"refuses to unpickle ({refused}). Checkpoints hold tensors and plain Python "
+                f"values only: return those from state_dict()."
+            ) from exc
         raise CheckpointError(
-            f"Checkpoint file {path} cannot be read: it is truncated or corrupt, or holds objects "
-            f"that weights_only loading refuses. Load an earlier checkpoint. "
-            f"({type(exc).__name__}: {str(exc)[:500]})"
+            f"Checkpoint file {path} cannot be read: it is truncated or corrupt. Load an "
+            f"earlier checkpoint. ({type(exc).__name__}: {str(exc)[:500]})"
         ) from exc
 
 
@@ -211,8 +259,7 @@ def read_metadata(path: Path) -> dict[str, Any]:
     """
     path = Path(path)
     if not is_complete(path):
-        raise CheckpointError(f"{path} is not a complete checkpoint (a full .pt file, or a "
-                              f"sharded directory with .metadata and {EXTRA_FILE}).")
+        raise CheckpointError(not_loadable(path))
     extra = _torch_load(path / EXTRA_FILE if path.is_dir() else path)
     return dict(extra["metadata"])
 
@@ -248,8 +295,7 @@ def load_checkpoint(state: State, path: Path, weights_only: bool = False, strict
     """
     path = Path(path)
     if not is_complete(path):
-        raise CheckpointError(f"{path} is not a complete checkpoint (missing, still being "
-                              f"written, or a sharded directory without its .metadata).")
+        raise CheckpointError(not_loadable(path))
     if path.is_dir():
         return _load_sharded(state, path, weights_only, strict, ignore_keys)
     return _load_full(state, path, weights_only, strict, ignore_keys)
@@ -310,8 +356,9 @@ def _load_sharded(state: State, path: Path, weights_only: bool, strict: bool,
         with _single_process_dcp():
             dcp.load(template, checkpoint_id=str(path), no_dist=not dist.is_initialized(),
                      planner=SafeLoadPlanner(allow_partial_load=not strict or bool(ignore_keys)))
-    except Exception as exc:  # a missing shard file, a key the checkpoint lacks, ...
-        raise CheckpointError(f"Cannot load sharded checkpoint {path}: {exc}") from exc
+    except (Exception, CheckpointException) as exc:  # a missing shard file, a missing key...
+        raise CheckpointError(f"Cannot load sharded checkpoint {path}: {_dcp_failure(exc)}"
+                              ) from exc
     set_model_state_dict(state.model, template["model"],
                          options=_options(False, strict=strict and not ignore_keys))
     if not weights_only:

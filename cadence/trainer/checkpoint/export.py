@@ -18,9 +18,13 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-from cadence.trainer.checkpoint.checkpoint import CheckpointError, _torch_load
+from cadence.trainer.checkpoint.checkpoint import (
+    CheckpointError, _dcp_failure, _torch_load, not_loadable,
+)
 from cadence.trainer.checkpoint.files import EXTRA_FILE, TMP_MARK, is_complete
 
 __all__ = ["huggingface_metadata", "load_full_state", "to_full", "to_huggingface"]
@@ -72,7 +76,7 @@ def load_full_state(path: Path) -> dict[str, Any]:
     """
     path = Path(path)
     if not is_complete(path):
-        raise CheckpointError(f"{path} is not a complete checkpoint.")
+        raise CheckpointError(not_loadable(path))
     if path.is_file():
         return dict(_torch_load(path))
     state: dict[str, Any] = {}
@@ -80,9 +84,13 @@ def load_full_state(path: Path) -> dict[str, Any]:
         warnings.filterwarnings("ignore", message="torch.distributed is disabled",
                                 category=UserWarning)
         try:
-            dcp.load(state, checkpoint_id=str(path), planner=_SafeEmptyPlanner(), no_dist=True)
-        except Exception as exc:
-            raise CheckpointError(f"Cannot read sharded checkpoint {path}: {exc}") from exc
+            # not dcp.load: it copies back only the keys the given dict already has, so an
+            # empty dict stays empty (torch's own dcp_to_torch_save calls this one too)
+            _load_state_dict(state, storage_reader=dcp.FileSystemReader(str(path)),
+                             planner=_SafeEmptyPlanner(), no_dist=True)
+        except (Exception, CheckpointException) as exc:
+            raise CheckpointError(f"Cannot read sharded checkpoint {path}: "
+                                  f"{_dcp_failure(exc)}") from exc
     state.update(_torch_load(path / EXTRA_FILE))
     return state
 

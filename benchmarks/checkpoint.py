@@ -1,0 +1,276 @@
+"""Checkpoint save / load time and size, ``full`` vs ``sharded``, on 1 and 2 ranks (CPU, gloo);
+and resume time at the start vs the end of a long epoch.
+
+Save / load: a GPT-2 of about 100 M parameters (default 12 layers x 768 wide, vocabulary
+8,192, 256 positions: 92 M) trained one step with AdamW, so a checkpoint holds the
+parameters and twice as much optimizer state (``exp_avg``, ``exp_avg_sq``), fp32. Timed
+with :func:`cadence.trainer.checkpoint.save_checkpoint` / ``load_checkpoint`` (what the
+``CheckpointSaver`` and ``load_path`` call), every rank in step (barrier before and after),
+median over ``--repeats``. Two ranks are FSDP2 FULL_SHARD processes started with
+``torch.multiprocessing`` (spawn), as ``benchmarks/fsdp_memory.py`` does. ``full`` gathers the
+model and optimizer to rank 0, which writes one file (and on load reads it and broadcasts);
+``sharded`` writes a ``torch.distributed.checkpoint`` directory, each rank its own shard.
+Saves include ``fsync``; loads read a file just written, so mostly from the page cache.
+
+Resume: a tiny model over a dataset of ``--resume_samples`` small samples (8 floats and a
+label; 8 per batch), with checkpoints whose position is the first batch or the last batch
+of the epoch. Timed: constructing the Trainer with ``autoresume`` (finding and loading the
+checkpoint) until the first batch after the checkpoint is ready (``AFTER_DATALOADER``).
+The resume path skips consumed samples by index (``SkipSampler``), so start and end should
+be close; the baseline is the naive way, iterating the dataloader through the consumed
+batches.
+
+    python benchmarks/checkpoint.py                    # about 5 minutes on 2 CPU cores
+    python benchmarks/checkpoint.py --repeats 1 --n_layer 2   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.multiprocessing as mp
+
+FORMATS = ("full", "sharded")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _disk_bytes(path: Path) -> tuple[int, int]:
+    """Bytes and number of files of a checkpoint file or directory."""
+    if path.is_file():
+        return path.stat().st_size, 1
+    files = [p for p in path.rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files), len(files)
+
+
+# ---------------------------------------------------------------- save / load
+
+
+def _trained_state(args: argparse.Namespace) -> Any:
+    """A Trainer's state after one AdamW step of the big GPT-2 (FSDP FULL_SHARD on 2 ranks)."""
+    from torch.utils.data import DataLoader
+
+    from cadence import Trainer, dist
+    from cadence.models.gpt import gpt2
+
+    torch.manual_seed(0)
+    model = gpt2(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                 vocab_size=args.vocab_size, max_seq_len=args.seq_len)
+    ids = torch.randint(0, args.vocab_size, (dist.get_world_size(), 16))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    loader = DataLoader(data, batch_size=1, sampler=dist.get_sampler(data, shuffle=False))
+    config = None
+    if dist.get_world_size() > 1:
+        config = {"fsdp": {"sharding_strategy": "FULL_SHARD"}}
+    trainer = Trainer(model=model, train_dataloader=loader, max_duration="1ba", seed=0,
+                      progress_bar=False, parallelism_config=config, device="cpu")
+    trainer.fit()
+    return trainer.state, sum(p.numel() for p in model.parameters())
+
+
+def _measure_save_load(args: argparse.Namespace, folder: str) -> list[dict[str, Any]]:
+    from cadence import dist
+    from cadence.trainer.checkpoint import load_checkpoint, save_checkpoint
+
+    state, num_params = _trained_state(args)
+    rank0 = dist.get_global_rank() == 0
+    rows = []
+    for fmt in FORMATS:
+        saves, loads, size, files = [], [], 0, 0
+        for repeat in range(args.repeats):
+            path = Path(folder) / (f"{fmt}-{repeat}" + (".pt" if fmt == "full" else ""))
+            dist.barrier()
+            start = time.perf_counter()
+            save_checkpoint(state, path, fmt)
+            dist.barrier()
+            saves.append(time.perf_counter() - start)
+            if rank0:
+                size, files = _disk_bytes(path)
+            dist.barrier()
+            start = time.perf_counter()
+            load_checkpoint(state, path)
+            dist.barrier()
+            loads.append(time.perf_counter() - start)
+            if rank0:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        rows.append({"format": fmt, "ranks": dist.get_world_size(), "params": num_params,
+                     "save": statistics.median(saves), "load": statistics.median(loads),
+                     "save_all": saves, "load_all": loads, "bytes": size, "files": files})
+    return rows
+
+
+def _rank(rank: int, world: int, port: int, args: argparse.Namespace, folder: str,
+          out: str) -> None:
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    rows = _measure_save_load(args, folder)
+    if rank == 0:
+        torch.save(rows, out)
+    import torch.distributed as torch_dist
+
+    torch_dist.destroy_process_group()
+
+
+def save_load(world: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory(dir=args.dir) as folder:
+        if world == 1:
+            return _measure_save_load(args, folder)
+        out = str(Path(folder) / "result.pt")
+        mp.start_processes(_rank, args=(world, _free_port(), args, folder, out), nprocs=world,
+                           start_method="spawn")
+        return list(torch.load(out, weights_only=True))
+
+
+# ---------------------------------------------------------------- resume
+
+
+class _FirstBatchReady(Exception):
+    """Raised at the first AFTER_DATALOADER, ending the timed resume."""
+
+
+def _resume_parts(samples: int, batch_size: int) -> tuple[Any, Any]:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import torch.nn.functional as F
+
+    from cadence import Callback, ComposerModel, dist
+
+    class Linear(ComposerModel):
+        """``x [batch, 8] -> logits [batch, 3]``: as small as a model gets."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(8, 3)
+
+        def forward(self, batch: Any) -> torch.Tensor:
+            return self.net(batch[0])
+
+        def loss(self, outputs: torch.Tensor, batch: Any) -> torch.Tensor:
+            return F.cross_entropy(outputs, batch[1])
+
+    class FirstBatch(Callback):
+        def after_dataloader(self, state: Any, logger: Any) -> None:
+            raise _FirstBatchReady
+
+    gen = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(samples, 8, generator=gen),
+                         torch.randint(0, 3, (samples,), generator=gen))
+
+    def loader() -> DataLoader:
+        return DataLoader(data, batch_size=batch_size,
+                          sampler=dist.get_sampler(data, shuffle=True, seed=1))
+
+    def trainer(folder: Path, autoresume: bool, **kwargs: Any) -> Any:
+        from cadence import Trainer
+
+        torch.manual_seed(0)
+        return Trainer(model=Linear(), train_dataloader=loader(), max_duration="2ep",
+                       progress_bar=False, run_name="resume", seed=0, save_folder=str(folder),
+                       save_interval=None, autoresume=autoresume,
+                       callbacks=[FirstBatch()] if autoresume else [], **kwargs)
+
+    return loader, trainer
+
+
+def resume(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from cadence.trainer.checkpoint import save_checkpoint
+    from cadence.trainer.checkpoint.files import write_latest
+    from cadence.trainer.core.time import Timestamp
+
+    samples, batch_size = args.resume_samples, 8
+    batches = samples // batch_size
+    loader, make_trainer = _resume_parts(samples, batch_size)
+    rows = []
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        for label, position in (("start", 1), ("end", batches - 1)):
+            folder = Path(tmp) / label
+            source = make_trainer(folder, autoresume=False)
+            source.state.timestamp = Timestamp(
+                batch=position, sample=position * batch_size, batch_in_epoch=position,
+                sample_in_epoch=position * batch_size)
+            save_checkpoint(source.state, folder / f"ep0-ba{position}.pt", "full")
+            write_latest(folder, "latest-resume", f"ep0-ba{position}.pt")
+            source.close()
+            resumed, naive = [], []
+            for _ in range(args.resume_repeats):
+                start = time.perf_counter()
+                trainer = make_trainer(folder, autoresume=True)
+                try:
+                    trainer.fit()
+                except _FirstBatchReady:
+                    resumed.append(time.perf_counter() - start)
+                trainer.close()
+                assert trainer.state.timestamp.batch_in_epoch == position
+                start = time.perf_counter()
+                iterator = iter(loader())
+                for _ in range(position + 1):  # the consumed batches, then the next one
+                    next(iterator)
+                naive.append(time.perf_counter() - start)
+            rows.append({"label": label, "position": position, "batches": batches,
+                         "resume": statistics.median(resumed), "naive": statistics.median(naive),
+                         "resume_all": resumed, "naive_all": naive})
+    return rows
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n_layer", type=int, default=12)
+    parser.add_argument("--n_head", type=int, default=12)
+    parser.add_argument("--n_embd", type=int, default=768)
+    parser.add_argument("--vocab_size", type=int, default=8192)
+    parser.add_argument("--seq_len", type=int, default=256)
+    parser.add_argument("--world_sizes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=3, help="save/load repeats (median)")
+    parser.add_argument("--resume_samples", type=int, default=200_000)
+    parser.add_argument("--resume_repeats", type=int, default=3)
+    parser.add_argument("--dir", default=None, help="where checkpoints are written (a tmp dir)")
+    args = parser.parse_args(argv)
+
+    started = time.perf_counter()
+    rows = [row for world in args.world_sizes for row in save_load(world, args)]
+    resumes = resume(args)
+    mib = 2**20
+    params = rows[0]["params"]
+    print(f"GPT-2 {args.n_layer} layers x {args.n_embd} wide, vocabulary {args.vocab_size}: "
+          f"{params / 1e6:.1f} M parameters, fp32, AdamW state after one step (params + 2x "
+          f"optimizer = {3 * params * 4 / mib:,.0f} MiB of tensors); CPU, "
+          f"{torch.get_num_threads()} threads; median of {args.repeats}\n")
+    print("| format | ranks | save s | load s | on disk MiB | files | save MiB/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['format']} | {r['ranks']} | {r['save']:.2f} | {r['load']:.2f} | "
+              f"{r['bytes'] / mib:,.0f} | {r['files']} | {r['bytes'] / mib / r['save']:,.0f} |")
+    print(f"\nResume in a {resumes[0]['batches']:,}-batch epoch ({args.resume_samples:,} samples, "
+          f"8 per batch), median of {args.resume_repeats}: Trainer construction with autoresume "
+          f"until the next batch is ready, vs iterating the dataloader through the consumed "
+          f"batches\n")
+    print("| checkpoint at | batch in epoch | autoresume to first batch s | naive replay s |")
+    print("|---|---:|---:|---:|")
+    for r in resumes:
+        print(f"| {r['label']} of epoch | {r['position']:,} | {r['resume']:.3f} | "
+              f"{r['naive']:.3f} |")
+    print(f"\n(total {time.perf_counter() - started:.0f} s)")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
