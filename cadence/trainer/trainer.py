@@ -253,7 +253,8 @@ class Trainer:
         self.engine.run_event(Event.BEFORE_LOAD)
         path, resuming = resolve_load_path(
             autoresume, self.state.save_folder,
-            save_latest_filename.format(run_name=self.state.run_name), load_path)
+            save_latest_filename.format(run_name=self.state.run_name), load_path,
+            run_name=self.state.run_name)
         if path is not None:
             load_checkpoint(self.state, path, weights_only=load_weights_only and not resuming,
                             strict=load_strict_model_weights, ignore_keys=load_ignore_keys)

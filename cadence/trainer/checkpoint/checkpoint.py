@@ -232,9 +232,9 @@ def _refused_global(exc: BaseException) -> Optional[str]:
     return text.split("WeightsUnpickler error:", 1)[1].split(". Please", 1)[0].strip()
 
 
-def _torch_load(path: Path) -> Any:
+def _torch_load(path: Path, mmap: bool = False) -> Any:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise CheckpointError(f"Checkpoint file {path} does not exist.") from None
     except Exception as exc:  # truncated zip, bad pickle, disallowed global
@@ -260,7 +260,9 @@ def read_metadata(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not is_complete(path):
         raise CheckpointError(not_loadable(path))
-    extra = _torch_load(path / EXTRA_FILE if path.is_dir() else path)
+    # a full file is memory-mapped: reading its metadata does not read its tensors
+    extra = _torch_load(path / EXTRA_FILE, mmap=False) if path.is_dir() else _torch_load(
+        path, mmap=True)
     return dict(extra["metadata"])
 
 

@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 __all__ = [
     "TMP_MARK", "EXTRA_FILE", "format_name", "is_complete", "atomic_write_bytes",
@@ -79,9 +79,11 @@ def read_latest(folder: Path, latest_filename: str) -> Optional[Path]:
     return target if is_complete(target) else None
 
 
-def find_latest_checkpoint(folder: Path, latest_filename: str) -> Optional[Path]:
+def find_latest_checkpoint(folder: Path, latest_filename: str,
+                           belongs: Optional[Callable[[Path], bool]] = None) -> Optional[Path]:
     """The newest complete checkpoint in ``folder``: the one ``latest`` names, else the most
-    recently modified complete one (temporaries and partial directories are skipped)."""
+    recently modified complete one for which ``belongs(path)`` holds (e.g. written by this
+    run); temporaries and partial directories are skipped."""
     if not folder.is_dir():
         return None
     pointed = read_latest(folder, latest_filename)
@@ -90,7 +92,8 @@ def find_latest_checkpoint(folder: Path, latest_filename: str) -> Optional[Path]
     candidates = [p for p in folder.iterdir()
                   if p.name != latest_filename and (p.is_dir() or p.suffix == ".pt")
                   and is_complete(p)]
-    return max(candidates, key=lambda p: p.stat().st_mtime_ns, default=None)
+    candidates.sort(key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    return next((p for p in candidates if belongs is None or belongs(p)), None)
 
 
 def remove_checkpoint(path: Path) -> None:

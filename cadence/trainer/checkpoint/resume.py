@@ -72,17 +72,31 @@ def skip_consumed_batches(dataloader: Any, batches: int) -> tuple[Iterator[Any],
     return iterator, length
 
 
+def _written_by(path: Path, run_name: Optional[str]) -> bool:
+    """Whether the checkpoint at ``path`` was written by run ``run_name`` (its metadata)."""
+    from cadence.trainer.checkpoint.checkpoint import CheckpointError, read_metadata
+
+    try:
+        return read_metadata(path).get("run_name") == run_name
+    except CheckpointError:
+        return False
+
+
 def resolve_load_path(autoresume: bool, save_folder: Optional[str], latest_filename: str,
-                      load_path: Optional[str]) -> tuple[Optional[Path], bool]:
+                      load_path: Optional[str],
+                      run_name: Optional[str] = None) -> tuple[Optional[Path], bool]:
     """The checkpoint to load and whether it is an autoresume (a full restore).
 
-    With ``autoresume``, the newest complete checkpoint in ``save_folder`` wins; without one
+    With ``autoresume``, the newest complete checkpoint of ``run_name`` in ``save_folder``
+    (the one its ``latest`` pointer names, else the newest whose metadata names the run) wins;
+    without one
     (a fresh run) ``load_path`` is used. Rank 0 decides; every rank gets its answer.
     """
     choice: list[Any] = [None, False]
     if dist.get_global_rank() == 0:
         if autoresume and save_folder is not None:
-            found = find_latest_checkpoint(Path(save_folder), latest_filename)
+            found = find_latest_checkpoint(Path(save_folder), latest_filename,
+                                           belongs=lambda p: _written_by(p, run_name))
             if found is not None:
                 choice = [str(found), True]
         if choice[0] is None and load_path is not None:
