@@ -17,7 +17,9 @@ from cadence.trainer.auto_microbatch import (
     alloc_retries, any_rank, is_out_of_memory, release_after_oom,
 )
 from cadence.trainer.checkpoint import load_checkpoint
-from cadence.trainer.checkpoint.resume import resolve_load_path, skip_consumed_batches
+from cadence.trainer.checkpoint.resume import (
+    resolve_load_path, skip_consumed_batches, written_by,
+)
 from cadence.trainer.core import (
     Algorithm, Callback, Engine, Evaluator, Event, State, Time, TimeLike, TimeUnit,
 )
@@ -278,8 +280,9 @@ class Trainer:
                                 state_dict_type=fmt, metadata=self._checkpoint_metadata(),
                                 **kwargs)
         if not (autoresume or kwargs["overwrite"]):
-            existing = find_latest_checkpoint(saver.folder(state),
-                                              saver.latest_template.format(run_name=state.run_name))
+            existing = find_latest_checkpoint(
+                saver.folder(state), saver.latest_template.format(run_name=state.run_name),
+                belongs=lambda path: written_by(path, state.run_name))
             if existing is not None:
                 raise ValueError(
                     f"save_folder {state.save_folder} already holds checkpoint {existing}; set "

@@ -18,7 +18,7 @@ from torch.utils.data import BatchSampler, DataLoader, Sampler
 from cadence.trainer import dist
 from cadence.trainer.checkpoint.files import find_latest_checkpoint
 
-__all__ = ["SkipSampler", "resolve_load_path", "skip_consumed_batches"]
+__all__ = ["SkipSampler", "resolve_load_path", "skip_consumed_batches", "written_by"]
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def skip_consumed_batches(dataloader: Any, batches: int) -> tuple[Iterator[Any],
     return iterator, length
 
 
-def _written_by(path: Path, run_name: Optional[str]) -> bool:
+def written_by(path: Path, run_name: Optional[str]) -> bool:
     """Whether the checkpoint at ``path`` was written by run ``run_name`` (its metadata)."""
     from cadence.trainer.checkpoint.checkpoint import CheckpointError, read_metadata
 
@@ -96,7 +96,7 @@ def resolve_load_path(autoresume: bool, save_folder: Optional[str], latest_filen
     if dist.get_global_rank() == 0:
         if autoresume and save_folder is not None:
             found = find_latest_checkpoint(Path(save_folder), latest_filename,
-                                           belongs=lambda p: _written_by(p, run_name))
+                                           belongs=lambda p: written_by(p, run_name))
             if found is not None:
                 choice = [str(found), True]
         if choice[0] is None and load_path is not None:
