@@ -8,7 +8,6 @@ Source: ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` (DCP -> 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
@@ -23,7 +22,7 @@ from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlan
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from cadence.trainer.checkpoint.checkpoint import (
-    CheckpointError, _dcp_failure, _torch_load, not_loadable,
+    CheckpointError, SafeLoadPlanner, _dcp_failure, _torch_load, not_loadable,
 )
 from cadence.trainer.checkpoint.files import EXTRA_FILE, TMP_MARK, is_complete
 
@@ -54,17 +53,9 @@ def huggingface_metadata(model: torch.nn.Module) -> dict[str, Any]:
     return meta
 
 
-class _SafeEmptyPlanner(_EmptyStateDictLoadPlanner):
-    """Rebuild the whole state dict from DCP metadata; non-tensors load with weights_only."""
-
-    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        from torch.distributed.checkpoint._traverse import set_element
-
-        obj = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
+class _SafeEmptyPlanner(SafeLoadPlanner, _EmptyStateDictLoadPlanner):
+    """Rebuild the whole state dict from DCP metadata; non-tensors load with weights_only
+    (:class:`SafeLoadPlanner`'s ``load_bytes``)."""
 
 
 def load_full_state(path: Path) -> dict[str, Any]:
