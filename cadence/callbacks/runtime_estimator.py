@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from cadence.trainer.core import Callback
+from cadence.callbacks.eval_clock import EvalClockCallback
 from cadence.trainer.registry import callbacks
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ _SECONDS_PER_UNIT = {"seconds": 1.0, "minutes": 60.0, "hours": 3600.0, "days": 8
 
 
 @callbacks.register("runtime_estimator")
-class RuntimeEstimator(Callback):
+class RuntimeEstimator(EvalClockCallback):
     """Logs ``wall_clock/remaining_estimate``, the estimated training time left, at every
     ``BATCH_END`` once ``skip_batches`` batches of this ``fit`` have run.
 
@@ -52,6 +52,7 @@ class RuntimeEstimator(Callback):
     """
 
     def __init__(self, skip_batches: int = 1, time_unit: str = "seconds") -> None:
+        super().__init__()
         if isinstance(skip_batches, bool) or int(skip_batches) != skip_batches or skip_batches < 0:
             raise ValueError(
                 f"RuntimeEstimator skip_batches must be an integer >= 0, got {skip_batches!r}."
@@ -67,10 +68,7 @@ class RuntimeEstimator(Callback):
         self._batches_this_fit = 0
         self._start_time: Optional[float] = None  # perf_counter at the end of the skipped batches
         self._start_duration = 0.0  # elapsed duration then
-        self._eval_seconds = 0.0  # all eval time so far
         self._eval_seconds_at_start = 0.0
-        self._eval_started_at: Optional[float] = None
-        self._eval_all = False  # inside EVAL_BEFORE_ALL .. EVAL_AFTER_ALL
 
     # -- training clock -------------------------------------------------------------------
     def fit_start(self, state: State, logger: Any) -> None:
@@ -110,32 +108,3 @@ class RuntimeEstimator(Callback):
         train_seconds = max(0.0, now - self._start_time - eval_seconds)
         remaining = train_seconds / progress * max(0.0, 1.0 - duration)
         logger.log_metrics({"wall_clock/remaining_estimate": remaining / self._divider})
-
-    # -- eval clock -----------------------------------------------------------------------
-    def _start_eval_clock(self) -> None:
-        if self._eval_started_at is None:
-            self._eval_started_at = time.perf_counter()
-
-    def _stop_eval_clock(self) -> None:
-        if self._eval_started_at is not None:
-            self._eval_seconds += time.perf_counter() - self._eval_started_at
-            self._eval_started_at = None
-
-    def eval_before_all(self, state: State, logger: Any) -> None:
-        del state, logger
-        self._eval_all = True
-        self._start_eval_clock()
-
-    def eval_start(self, state: State, logger: Any) -> None:
-        del state, logger
-        self._start_eval_clock()
-
-    def eval_end(self, state: State, logger: Any) -> None:
-        del state, logger
-        if not self._eval_all:
-            self._stop_eval_clock()
-
-    def eval_after_all(self, state: State, logger: Any) -> None:
-        del state, logger
-        self._eval_all = False
-        self._stop_eval_clock()

@@ -9,7 +9,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
-from cadence.trainer.core import Callback
+from cadence.callbacks.eval_clock import EvalClockCallback
 from cadence.trainer.dist import get_world_size
 from cadence.trainer.registry import callbacks
 
@@ -27,7 +27,7 @@ class _Point(NamedTuple):
 
 
 @callbacks.register("speed_monitor")
-class SpeedMonitor(Callback):
+class SpeedMonitor(EvalClockCallback):
     """Logs throughput over a sliding window of batches, and the time spent training.
 
     Time is host wall-clock time (``time.perf_counter``) read at each ``BATCH_END``; no CUDA
@@ -62,6 +62,7 @@ class SpeedMonitor(Callback):
     """
 
     def __init__(self, window_size: int = 20) -> None:
+        super().__init__()
         if int(window_size) != window_size or window_size < 1:
             raise ValueError(
                 f"SpeedMonitor window_size must be an integer >= 1, got {window_size!r}."
@@ -71,33 +72,19 @@ class SpeedMonitor(Callback):
         self._history: deque[_Point] = deque(maxlen=self.window_size + 1)
         self._train_offset = 0.0  # training seconds from earlier fits / a checkpoint
         self._fit_started_at: Optional[float] = None
-        self._eval_seconds = 0.0  # all eval time
         self._eval_seconds_at_fit_start = 0.0
-        self._eval_started_at: Optional[float] = None
-        self._eval_all = False  # inside EVAL_BEFORE_ALL .. EVAL_AFTER_ALL
 
     # -- clock ----------------------------------------------------------------------------
     def _train_seconds(self, now: float) -> float:
         if self._fit_started_at is None:
             return self._train_offset
-        eval_in_fit = self._eval_seconds - self._eval_seconds_at_fit_start
-        if self._eval_started_at is not None:
-            eval_in_fit += now - self._eval_started_at
+        eval_in_fit = self.eval_seconds_now(now) - self._eval_seconds_at_fit_start
         return self._train_offset + (now - self._fit_started_at) - eval_in_fit
 
     def _start_fit_clock(self) -> None:
         self._fit_started_at = time.perf_counter()
         self._eval_seconds_at_fit_start = self._eval_seconds
         self._history.clear()
-
-    def _start_eval_clock(self) -> None:
-        if self._eval_started_at is None:
-            self._eval_started_at = time.perf_counter()
-
-    def _stop_eval_clock(self) -> None:
-        if self._eval_started_at is not None:
-            self._eval_seconds += time.perf_counter() - self._eval_started_at
-            self._eval_started_at = None
 
     # -- events ---------------------------------------------------------------------------
     def fit_start(self, state: State, logger: Any) -> None:
@@ -138,25 +125,6 @@ class SpeedMonitor(Callback):
         metrics["wall_clock/eval"] = eval_seconds
         metrics["wall_clock/total"] = train_seconds + eval_seconds
         logger.log_metrics(metrics)
-
-    def eval_before_all(self, state: State, logger: Any) -> None:
-        del state, logger
-        self._eval_all = True
-        self._start_eval_clock()
-
-    def eval_start(self, state: State, logger: Any) -> None:
-        del state, logger
-        self._start_eval_clock()
-
-    def eval_end(self, state: State, logger: Any) -> None:
-        del state, logger
-        if not self._eval_all:
-            self._stop_eval_clock()
-
-    def eval_after_all(self, state: State, logger: Any) -> None:
-        del state, logger
-        self._eval_all = False
-        self._stop_eval_clock()
 
     def fit_end(self, state: State, logger: Any) -> None:
         del state, logger

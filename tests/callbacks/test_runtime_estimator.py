@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import types
 from typing import Optional
 
 import pytest
@@ -10,27 +9,15 @@ import cadence.callbacks.runtime_estimator as runtime_estimator_module
 from cadence import State, Time, Trainer
 from cadence.callbacks import RuntimeEstimator
 from cadence.trainer.loggers import InMemoryLogger, Logger
+from tests.common.clock import FakeClock, install_fake_clock
 from tests.common.models import SimpleModel, make_dataloader
 
 KEY = "wall_clock/remaining_estimate"
 
 
-class FakeClock:
-    """A deterministic ``time.perf_counter``: advance it by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    fake = FakeClock()
-    monkeypatch.setattr(runtime_estimator_module, "time",
-                        types.SimpleNamespace(perf_counter=fake))
-    return fake
+    return install_fake_clock(monkeypatch, runtime_estimator_module, start=1000.0)
 
 
 def make(max_duration: Optional[Time] = Time(10, "ba")) -> tuple[State, InMemoryLogger, Logger]:

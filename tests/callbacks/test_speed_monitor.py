@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 
@@ -10,23 +8,12 @@ from cadence.callbacks import SpeedMonitor
 from cadence.trainer import registry
 from cadence.trainer.core import State, Time
 from cadence.trainer.loggers import InMemoryLogger, Logger
-
-
-class FakeClock:
-    """A deterministic ``time.perf_counter``: advance it by hand."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.common.clock import FakeClock, install_fake_clock
 
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    fake = FakeClock()
-    monkeypatch.setattr(speed_monitor_module, "time", types.SimpleNamespace(perf_counter=fake))
-    return fake
+    return install_fake_clock(monkeypatch, speed_monitor_module, start=100.0)
 
 
 def make() -> tuple[State, InMemoryLogger, Logger]:
