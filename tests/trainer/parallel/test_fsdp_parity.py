@@ -21,7 +21,7 @@ SEQ = 16
 VOCAB = 64
 # fp32; the only differences are the order of floating-point sums in the gradient
 # reductions (all-reduce / reduce-scatter vs one process), amplified a little by AdamW.
-TOLERANCE = 2e-5
+TOLERANCE = 2e-6  # measured: 4.8e-7 for every strategy (loss ~4, so a few ulps)
 
 
 class RandomTokens(Dataset):
