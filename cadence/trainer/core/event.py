@@ -37,6 +37,7 @@ class Event(str, Enum):
                     BEFORE_LOSS
                     # loss = model.loss(outputs, microbatch) * microbatch_share
                     AFTER_LOSS
+                    # state.outputs is released here, as a plain loop would (memory)
                     BEFORE_BACKWARD
                     # loss.backward()
                     AFTER_BACKWARD
