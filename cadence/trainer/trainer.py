@@ -237,6 +237,7 @@ class Trainer:
         if autoresume and (save_folder is None or run_name is None):
             raise ValueError("autoresume=True needs save_folder and an explicit run_name, to "
                              "find the run's checkpoints.")
+        self._add_fsdp_activation_checkpointing()
         self.hyperparameters = dict(hyperparameters or {})
         self.hyperparameters.setdefault("rank_zero_seed", rank_zero_seed)
         self._add_checkpoint_saver(
@@ -290,6 +291,19 @@ class Trainer:
                     f"checkpoints, or choose another save_folder / run_name."
                 )
         state.callbacks.append(saver)
+
+    def _add_fsdp_activation_checkpointing(self) -> None:
+        """``fsdp.activation_checkpointing: true`` (Composer's key) adds the algorithm, unless
+        the run already has one."""
+        fsdp = self.parallelism_config.fsdp
+        if fsdp is None or not (fsdp.activation_checkpointing or fsdp.activation_cpu_offload):
+            return
+        from cadence.algorithms.activation_checkpointing import ActivationCheckpointing
+
+        if not any(isinstance(a, ActivationCheckpointing) for a in self.state.algorithms):
+            self.state.algorithms.append(
+                ActivationCheckpointing(every_n=1 if fsdp.activation_checkpointing else 0,
+                                        offload_to_cpu=fsdp.activation_cpu_offload))
 
     def _checkpoint_metadata(self) -> dict[str, Any]:
         """The run's config, and for a HuggingFaceModel what export needs to rebuild it."""

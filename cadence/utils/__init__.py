@@ -1,5 +1,6 @@
 """Small utilities shared across cadence."""
 
+from cadence.utils.precision import bf16_supported
 from cadence.utils.reproducibility import seed_all
 
-__all__ = ["seed_all"]
+__all__ = ["bf16_supported", "seed_all"]

@@ -38,6 +38,7 @@ from cadence.trainer.data.packed import (
     build_text_dataset,
     load_token_ids,
 )
+from cadence.trainer.data.sentiment import tweet_sentiment_dataloader  # registers tweet_sentiment
 from cadence.trainer.data.tokenizer import (
     DEFAULT_VOCAB_SIZE,
     EOS_TOKEN,
@@ -53,7 +54,7 @@ __all__ = [
     "Corpus", "locate_corpus", "split_document", "split_documents", "resolve_cache_dir",
     "train_bpe", "load_tokenizer", "encode_documents", "load_token_ids",
     "PackedTokenDataset", "build_text_dataset", "build_text_dataloader",
-    "shakespeare_dataloader", "kjv_dataloader", "text_dataloader",
+    "shakespeare_dataloader", "kjv_dataloader", "text_dataloader", "tweet_sentiment_dataloader",
 ]
 
 PathLike = Union[str, os.PathLike[str]]

@@ -73,10 +73,6 @@ REFUSED_KEYS = {
                                 "mixed_precision: {reduce_dtype: bf16} for low-precision reduction.",
     "activation_checkpointing_reentrant": "cadence uses non-reentrant checkpointing only (the "
                                           "reentrant form is deprecated upstream).",
-    "activation_checkpointing": "use the activation_checkpointing algorithm (not available yet in "
-                                "this version of cadence).",
-    "activation_cpu_offload": "use the activation_checkpointing algorithm's offload_to_cpu (not "
-                              "available yet in this version of cadence).",
     "sharded_ckpt_prefix_dir": "checkpoint paths are set on the Trainer (save_folder).",
     "param_init_fn": "define param_init_fn(module) on the model; FSDP2 materialises meta "
                      "modules through it.",
@@ -125,6 +121,11 @@ class FSDPConfig:
         verbose: print the wrap plan (each unit, its parameter count, the strategy) on rank 0.
         state_dict_type: checkpoint format: ``sharded`` (default; a DCP directory, each rank
             writing its shards) or ``full`` (one file gathered on rank 0).
+        activation_checkpointing: Composer's spelling for adding the
+            :class:`~cadence.algorithms.ActivationCheckpointing` algorithm (every transformer
+            block, non-reentrant, applied at INIT before sharding); default False.
+        activation_cpu_offload: with it, offload the saved activations to the CPU
+            (the algorithm's ``offload_to_cpu``); default False.
     """
 
     sharding_strategy: str = "FULL_SHARD"
@@ -146,6 +147,8 @@ class FSDPConfig:
     data_parallel_replicate_degree: int = -1
     verbose: bool = False
     state_dict_type: str = "sharded"
+    activation_checkpointing: bool = False
+    activation_cpu_offload: bool = False
 
 
 @dataclass

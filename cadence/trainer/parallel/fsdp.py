@@ -13,6 +13,16 @@ Explicit run-config choices (2, 4) beat the model's built-in default (3) only wh
 set; the model's own per-module attribute (1) beats everything. Units are sharded
 bottom-up, then the root, as torchtitan's ``parallelize`` does.
 
+Norm layers stay fp32 under mixed precision: when the policy all-gathers parameters in
+bf16/fp16, every norm module with parameters (:func:`is_norm_module`: ``LayerNorm``,
+``RMSNorm``, ``GroupNorm``, batch/instance norms, and classes named ``*Norm`` such as
+``LlamaRMSNorm``) becomes its own small unit first, with
+``MixedPrecisionPolicy(param_dtype=fp32, reduce_dtype=fp32, output_dtype=<low>,
+cast_forward_inputs=True)``: its input is cast to fp32, it computes with fp32 weights, and
+its output is cast back to the low precision for the next layer. These units keep their
+(tiny) parameters gathered from forward to backward (``reshard_after_forward=False``), so
+they add one all-gather per norm per step.
+
 Source: PyTorch FSDP2 (``fully_shard``, ``MixedPrecisionPolicy``, ``CPUOffloadPolicy``,
 ``FSDPModule.set_modules_to_forward_prefetch``); torchtitan ``apply_fsdp``.
 """
@@ -33,7 +43,7 @@ from cadence.trainer import dist
 from cadence.trainer.parallel.config import FSDPConfig
 
 __all__ = ["FSDPUnit", "apply_fsdp", "plan_fsdp_units", "mixed_precision_policy",
-           "reshard_after_forward_for"]
+           "reshard_after_forward_for", "is_norm_module", "norm_mixed_precision_policy"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +90,39 @@ def mixed_precision_policy(config: FSDPConfig, precision: str) -> MixedPrecision
     if setting == "PURE":
         return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low)
     return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)  # DEFAULT
+
+
+_NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase, nn.LocalResponseNorm,
+    *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
+)
+
+
+def is_norm_module(module: nn.Module) -> bool:
+    """Whether ``module`` is a normalisation layer: a torch norm class, or a class whose
+    name ends in ``Norm`` (``LlamaRMSNorm``, ``T5LayerNorm``, ...)."""
+    return isinstance(module, _NORM_TYPES) or type(module).__name__.endswith("Norm")
+
+
+def norm_mixed_precision_policy(policy: MixedPrecisionPolicy) -> Optional[MixedPrecisionPolicy]:
+    """The policy for norm layers inside units sharded with ``policy``: fp32 parameters,
+    inputs and gradient reduction, output cast to ``policy.param_dtype``; ``None`` when
+    ``policy`` keeps parameters in fp32 already (nothing to do)."""
+    low = policy.param_dtype
+    if low is None or low == torch.float32:
+        return None
+    return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
+                                output_dtype=low, cast_forward_inputs=True)
+
+
+def _norm_modules(model: nn.Module, units: list[FSDPUnit]) -> list[nn.Module]:
+    """Norm modules with their own parameters that are not the root, a planned unit, or
+    marked ``_fsdp_wrap = False``."""
+    planned = {id(u.module) for u in units}
+    return [m for m in model.modules()
+            if m is not model and id(m) not in planned and is_norm_module(m)
+            and getattr(m, "_fsdp_wrap", None) is not False
+            and any(True for _ in m.parameters(recurse=False))]
 
 
 def _wrap_decision(model: nn.Module, module: nn.Module, config: FSDPConfig) -> Any:
@@ -177,12 +220,19 @@ def apply_fsdp(model: nn.Module, config: FSDPConfig, mesh: DeviceMesh, precision
     """
     units = plan_fsdp_units(model, config)
     reshard = reshard_after_forward_for(config)
-    common: dict[str, Any] = {"mesh": mesh, "mp_policy": mixed_precision_policy(config, precision)}
+    policy = mixed_precision_policy(config, precision)
+    common: dict[str, Any] = {"mesh": mesh, "mp_policy": policy}
     if config.cpu_offload:
         common["offload_policy"] = CPUOffloadPolicy(
             pin_memory=device is not None and device.type == "cuda")
+    norm_policy = norm_mixed_precision_policy(policy)
+    norms = _norm_modules(model, units) if norm_policy is not None else []
     if config.verbose:
         _print_plan(units, model, config, mesh, reshard)
+        if norms and dist.get_global_rank() == 0:
+            print(f"  + {len(norms)} norm layers as fp32 units", flush=True)
+    for norm in norms:  # innermost first: each norm keeps fp32 weights and arithmetic
+        fully_shard(norm, **{**common, "mp_policy": norm_policy, "reshard_after_forward": False})
     for unit in units:
         fully_shard(unit.module, **{**common, "reshard_after_forward": reshard, **unit.kwargs})
     # The root's parameters are needed at once by backward: FSDP2 keeps them gathered when

@@ -114,3 +114,17 @@ def test_trainer_rejects_bad_config_before_any_event() -> None:
                 callbacks=[counter], progress_bar=False,
                 parallelism_config={"fsdp": {"sharding_stratgy": "FULL_SHARD"}})
     assert counter.events == []
+
+
+def test_fsdp_activation_checkpointing_key_adds_the_algorithm() -> None:
+    from cadence import Trainer
+    from cadence.algorithms.activation_checkpointing import ActivationCheckpointing
+    from tests.common.models import SimpleModel
+
+    trainer = Trainer(model=SimpleModel(), progress_bar=False)
+    trainer.parallelism_config = parse_parallelism_config(
+        {"fsdp": {"activation_checkpointing": True, "activation_cpu_offload": True}})
+    trainer._add_fsdp_activation_checkpointing()
+    trainer._add_fsdp_activation_checkpointing()  # not twice
+    added = [a for a in trainer.state.algorithms if isinstance(a, ActivationCheckpointing)]
+    assert len(added) == 1 and added[0].offload_to_cpu
