@@ -31,11 +31,11 @@ def _free_port() -> int:
 
 
 def _measure(strategy: str, args: argparse.Namespace) -> dict[str, int]:
-    from torch.distributed.tensor import DTensor
     from torch.utils.data import DataLoader
 
     from cadence import Trainer, dist
     from cadence.models.gpt import gpt2
+    from cadence.trainer.parallel.memory import local_state_bytes
 
     torch.manual_seed(0)
     model = gpt2(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
@@ -47,18 +47,8 @@ def _measure(strategy: str, args: argparse.Namespace) -> dict[str, int]:
     trainer = Trainer(model=model, train_dataloader=loader, max_duration="1ba",
                       progress_bar=False, seed=0, parallelism_config=config, device="cpu")
     trainer.fit()
-
-    def nbytes(t: torch.Tensor) -> int:
-        local = t.to_local() if isinstance(t, DTensor) else t
-        return local.numel() * local.element_size()
-
-    params = list(trainer.state.model.parameters())
-    state = trainer.state.optimizer.state
     return {
-        "params": sum(nbytes(p) for p in params),
-        "grads": sum(nbytes(p.grad) for p in params if p.grad is not None),
-        "optimizer": sum(nbytes(v) for s in state.values() for v in s.values()
-                         if isinstance(v, torch.Tensor) and v.dim() > 0),
+        **local_state_bytes(trainer.state.model, trainer.state.optimizer),
         "num_params": sum(p.numel() for p in model.parameters()),
     }
 

@@ -7,13 +7,13 @@ from typing import Any, Optional
 
 import pytest
 import torch
-from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, Dataset
 
 from cadence import Callback, State, Trainer, dist
 from cadence.models.gpt import gpt2
 from cadence.trainer.loggers import InMemoryLogger
 from cadence.trainer.parallel.grad_norm import get_grad_norm
+from cadence.trainer.parallel.memory import local_state_bytes
 
 STEPS = 10
 GLOBAL_BATCH = 8
@@ -75,18 +75,7 @@ class GradNorms(Callback):
 
 def local_bytes(trainer: Trainer) -> dict[str, int]:
     """This rank's bytes of parameters, gradients and optimizer state (local shards only)."""
-    def nbytes(t: torch.Tensor) -> int:
-        local = t.to_local() if isinstance(t, DTensor) else t
-        return local.numel() * local.element_size()
-
-    params = list(trainer.state.model.parameters())
-    optimizer_state = trainer.state.optimizer.state
-    return {
-        "params": sum(nbytes(p) for p in params),
-        "grads": sum(nbytes(p.grad) for p in params if p.grad is not None),
-        "optimizer": sum(nbytes(v) for s in optimizer_state.values() for v in s.values()
-                         if isinstance(v, torch.Tensor) and v.dim() > 0),
-    }
+    return local_state_bytes(trainer.state.model, trainer.state.optimizer)
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +131,6 @@ def test_full_shard_halves_each_ranks_bytes(reference: dict[str, Any]) -> None:
 
 @pytest.mark.world_size(2)
 def test_dist_helpers_inside_a_callback(tmp_path: Any) -> None:
-    from cadence import Callback, State
-
     seen: dict[str, Any] = {}
 
     class Collect(Callback):
