@@ -7,7 +7,7 @@ from typing import Any
 
 from cadence import Callback, Event, State
 
-__all__ = ["EventCounter"]
+__all__ = ["EventCounter", "StopAt"]
 
 
 class EventCounter(Callback):
@@ -20,3 +20,14 @@ class EventCounter(Callback):
     def run_event(self, event: Event, state: State, logger: Any) -> None:
         self.events.append(event)
         self.counts[event] += 1
+
+
+class StopAt(Callback):
+    """Sets ``state.stop_training`` at the end of batch ``batch`` (1-based, global)."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+
+    def batch_end(self, state: State, logger: Any) -> None:
+        if state.timestamp.batch == self.batch:
+            state.stop_training = True

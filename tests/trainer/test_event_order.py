@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cadence import Event, Trainer
-from tests.common.events import EventCounter
+from tests.common.events import EventCounter, StopAt
 from tests.common.models import SimpleModel, make_dataloader
 
 E = Event
@@ -67,16 +67,7 @@ def test_batch_duration_ends_mid_epoch_and_evaluates_at_the_end() -> None:
 
 
 def test_stop_training_ends_after_the_current_batch() -> None:
-    from typing import Any
-
-    from cadence import Callback, State
-
-    class StopAt(Callback):
-        def batch_end(self, state: State, logger: Any) -> None:
-            if state.timestamp.batch == 2:
-                state.stop_training = True
-
     trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(num_batches=5),
-                      max_duration="3ep", callbacks=[StopAt()], progress_bar=False, seed=0)
+                      max_duration="3ep", callbacks=[StopAt(2)], progress_bar=False, seed=0)
     trainer.fit()
     assert trainer.state.timestamp.batch == 2

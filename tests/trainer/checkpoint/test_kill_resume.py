@@ -16,9 +16,10 @@ import torch
 import yaml
 
 import cadence.callbacks.checkpoint_saver as saver_module
-from cadence import Callback, State, Trainer
+from cadence import Trainer
 from cadence.trainer.checkpoint.export import load_full_state
 from cadence.trainer.checkpoint.files import is_complete
+from tests.common.events import StopAt
 from tests.common.models import SimpleModel, make_dataloader
 
 REPO = Path(__file__).resolve().parents[3]
@@ -132,15 +133,6 @@ def test_sigkill_and_autoresume_give_the_uninterrupted_loss_curve(tmp_path: Path
 
 
 # ---------------------------------------------------------------- the same, in process
-
-
-class StopAt(Callback):
-    def __init__(self, batch: int) -> None:
-        self.batch = batch
-
-    def batch_end(self, state: State, logger: Any) -> None:
-        if state.timestamp.batch == self.batch:
-            state.stop_training = True
 
 
 def train(folder: Path, callbacks: Any = ()) -> Trainer:

@@ -4,16 +4,17 @@ uninterrupted run (same world size), at an epoch boundary and mid-epoch; elastic
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from cadence import Callback, State, Trainer, dist
+from cadence import Callback, Trainer, dist
 from cadence.models.gpt import gpt2
 from cadence.trainer.loggers import InMemoryLogger
 from cadence.trainer.optim import CosineAnnealingWithWarmupScheduler
+from tests.common.events import StopAt
 
 BATCHES_PER_EPOCH = 5
 TOTAL = "15ba"  # 3 epochs
@@ -33,15 +34,6 @@ class Counting(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-
-class StopAt(Callback):
-    def __init__(self, batch: int) -> None:
-        self.batch = batch
-
-    def batch_end(self, state: State, logger: Any) -> None:
-        if state.timestamp.batch == self.batch:
-            state.stop_training = True
 
 
 def run(folder: Path, stop_at: Optional[int] = None, autoresume: bool = False,

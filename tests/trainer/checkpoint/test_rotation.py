@@ -9,22 +9,14 @@ from typing import Any
 import pytest
 import torch
 
-from cadence import Callback, State, Trainer
+from cadence import Trainer
 from cadence.callbacks.checkpoint_saver import CheckpointSaver
 from cadence.trainer.checkpoint import is_complete
+from tests.common.events import StopAt
 from tests.common.models import SimpleModel, make_dataloader
 
 RUN = "rot"
 LATEST = f"latest-{RUN}"
-
-
-class StopAt(Callback):
-    def __init__(self, batch: int) -> None:
-        self.batch = batch
-
-    def batch_end(self, state: State, logger: Any) -> None:
-        if state.timestamp.batch == self.batch:
-            state.stop_training = True
 
 
 def train(folder: Path, fmt: str = "full", keep: int = 2, seed: int = 1, stop_at: int = 0,
