@@ -12,6 +12,12 @@ model and optimizer to rank 0, which writes one file (and on load reads it and b
 ``sharded`` writes a ``torch.distributed.checkpoint`` directory, each rank its own shard.
 Saves include ``fsync``; loads read a file just written, so mostly from the page cache.
 
+Checksums: each save / load is timed with the CRC32C checksums (the default: hashed while
+writing, every file verified before loading; a full file's verification overlaps its
+``torch.load``) and without (``checksums=False``), alternating, after one uncounted warm-up
+round; "verify alone" times the verification by itself (from the page cache). The target is
+verification under 10 % of load time.
+
 Resume: a tiny model over a dataset of ``--resume_samples`` small samples (8 floats and a
 label; 8 per batch), with checkpoints whose position is the first batch or the last batch
 of the epoch. Timed: constructing the Trainer with ``autoresume`` (finding and loading the
@@ -22,6 +28,7 @@ batches.
 
     python benchmarks/checkpoint.py                    # about 5 minutes on 2 CPU cores
     python benchmarks/checkpoint.py --repeats 1 --n_layer 2   # a quick look
+    python benchmarks/checkpoint.py --world_sizes 1 --skip_resume   # the checksum table only
 """
 
 from __future__ import annotations
@@ -84,32 +91,53 @@ def _trained_state(args: argparse.Namespace) -> Any:
 
 def _measure_save_load(args: argparse.Namespace, folder: str) -> list[dict[str, Any]]:
     from cadence import dist
-    from cadence.trainer.checkpoint import load_checkpoint, save_checkpoint
+    from cadence.trainer.checkpoint import load_checkpoint, manifest, save_checkpoint
+    from cadence.trainer.checkpoint.checkpoint import verify
 
     state, num_params = _trained_state(args)
     rank0 = dist.get_global_rank() == 0
     rows = []
     for fmt in FORMATS:
-        saves, loads, size, files = [], [], 0, 0
-        for repeat in range(args.repeats):
-            path = Path(folder) / (f"{fmt}-{repeat}" + (".pt" if fmt == "full" else ""))
-            dist.barrier()
-            start = time.perf_counter()
-            save_checkpoint(state, path, fmt)
-            dist.barrier()
-            saves.append(time.perf_counter() - start)
-            if rank0:
-                size, files = _disk_bytes(path)
-            dist.barrier()
-            start = time.perf_counter()
-            load_checkpoint(state, path)
-            dist.barrier()
-            loads.append(time.perf_counter() - start)
-            if rank0:
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
-        rows.append({"format": fmt, "ranks": dist.get_world_size(), "params": num_params,
-                     "save": statistics.median(saves), "load": statistics.median(loads),
-                     "save_all": saves, "load_all": loads, "bytes": size, "files": files})
+        # none and CRC32C alternate, after one uncounted warm-up round of each
+        times: dict[bool, dict[str, list[float]]] = {
+            c: {"save": [], "load": [], "verify": []} for c in (False, True)}
+        size, files = 0, 0
+        for repeat in range(args.repeats + 1):
+            for checksums in (False, True):
+                name = f"{fmt}-{'crc' if checksums else 'plain'}-{repeat}"
+                path = Path(folder) / (name + (".pt" if fmt == "full" else ""))
+                dist.barrier()
+                start = time.perf_counter()
+                save_checkpoint(state, path, fmt, checksums=checksums)
+                dist.barrier()
+                saved = time.perf_counter() - start
+                if rank0:
+                    size, files = _disk_bytes(path)
+                dist.barrier()
+                start = time.perf_counter()
+                load_checkpoint(state, path, checksums=checksums)
+                dist.barrier()
+                loaded = time.perf_counter() - start
+                verified = 0.0
+                if checksums:  # verification alone, as the load above did it (page cache)
+                    manifest._verified.clear()  # forget that the load verified these files
+                    dist.barrier()
+                    start = time.perf_counter()
+                    verify(path, part=(dist.get_global_rank(), dist.get_world_size()))
+                    dist.barrier()
+                    verified = time.perf_counter() - start
+                if rank0:
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+                if repeat > 0:
+                    for key, value in (("save", saved), ("load", loaded), ("verify", verified)):
+                        times[checksums][key].append(value)
+        for checksums in (False, True):
+            t = times[checksums]
+            rows.append({"format": fmt, "ranks": dist.get_world_size(), "params": num_params,
+                         "checksums": checksums, "save": statistics.median(t["save"]),
+                         "load": statistics.median(t["load"]),
+                         "verify": statistics.median(t["verify"]), "save_all": t["save"],
+                         "load_all": t["load"], "bytes": size, "files": files})
     return rows
 
 
@@ -242,12 +270,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="save/load repeats (median)")
     parser.add_argument("--resume_samples", type=int, default=200_000)
     parser.add_argument("--resume_repeats", type=int, default=3)
+    parser.add_argument("--skip_resume", action="store_true", help="save/load tables only")
     parser.add_argument("--dir", default=None, help="where checkpoints are written (a tmp dir)")
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
     rows = [row for world in args.world_sizes for row in save_load(world, args)]
-    resumes = resume(args)
+    resumes = [] if args.skip_resume else resume(args)
     mib = 2**20
     params = rows[0]["params"]
     print(f"GPT-2 {args.n_layer} layers x {args.n_embd} wide, vocabulary {args.vocab_size}: "
@@ -257,8 +286,24 @@ def main(argv: Optional[list[str]] = None) -> None:
     print("| format | ranks | save s | load s | on disk MiB | files | save MiB/s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['format']} | {r['ranks']} | {r['save']:.2f} | {r['load']:.2f} | "
-              f"{r['bytes'] / mib:,.0f} | {r['files']} | {r['bytes'] / mib / r['save']:,.0f} |")
+        if r["checksums"]:
+            print(f"| {r['format']} | {r['ranks']} | {r['save']:.2f} | {r['load']:.2f} | "
+                  f"{r['bytes'] / mib:,.0f} | {r['files']} | "
+                  f"{r['bytes'] / mib / r['save']:,.0f} |")
+    print("\nCRC32C checksums (hashed while saving, every file verified before loading) vs "
+          "none (checksums=False); the cost as a share of the time without\n")
+    print("| format | ranks | save s, none | save s, CRC32C | save cost | load s, none | "
+          "load s, CRC32C | load cost | verify alone s | verify / load |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for plain, crc in zip(rows[::2], rows[1::2]):
+        assert not plain["checksums"] and crc["checksums"]
+        print(f"| {crc['format']} | {crc['ranks']} | {plain['save']:.2f} | {crc['save']:.2f} | "
+              f"{(crc['save'] - plain['save']) / plain['save']:+.1%} | {plain['load']:.2f} | "
+              f"{crc['load']:.2f} | {(crc['load'] - plain['load']) / plain['load']:+.1%} | "
+              f"{crc['verify']:.3f} | {crc['verify'] / crc['load']:.1%} |")
+    if not resumes:
+        print(f"\n(total {time.perf_counter() - started:.0f} s)")
+        return
     print(f"\nResume in a {resumes[0]['batches']:,}-batch epoch ({args.resume_samples:,} samples, "
           f"8 per batch), median of {args.resume_repeats}: Trainer construction with autoresume "
           f"until the next batch is ready, vs iterating the dataloader through the consumed "

@@ -1,5 +1,6 @@
-"""Per-rank bytes of parameters, gradients and optimizer state under DDP-style replication
-and FSDP2's sharding strategies, at world size 1 and 2 (CPU, gloo).
+"""Per-rank bytes of parameters, gradients and optimizer state under DDP-style replication,
+FSDP2's sharding strategies (world size 1 and 2), tensor parallelism (TP=2 on 2 ranks) and
+FSDP2 x TP (a 2 x 2 mesh on 4 ranks) (CPU, gloo).
 
 The classic DDP-vs-FSDP memory comparison of the FSDP tutorials, measured from each rank's
 local shards (``DTensor.to_local()``) after one AdamW step of a GPT-2, rather than from the
@@ -22,6 +23,12 @@ import torch
 import torch.multiprocessing as mp
 
 STRATEGIES = ("DDP", "NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD")
+# name -> (world size, parallelism_config): tensor parallelism, alone and under FSDP2
+TP_ARMS: dict[str, tuple[int, dict[str, Any]]] = {
+    "TP=2": (2, {"tp": {"tensor_parallel_degree": 2}}),
+    "FULL_SHARD x TP=2": (4, {"fsdp": {"sharding_strategy": "FULL_SHARD"},
+                              "tp": {"tensor_parallel_degree": 2}}),
+}
 
 
 def _free_port() -> int:
@@ -43,7 +50,10 @@ def _measure(strategy: str, args: argparse.Namespace) -> dict[str, int]:
     ids = torch.randint(0, args.vocab_size, (8 * dist.get_world_size(), args.seq_len))
     data = [{"input_ids": row, "labels": row} for row in ids]
     loader = DataLoader(data, batch_size=8, sampler=dist.get_sampler(data, shuffle=False))
-    config = None if strategy == "DDP" else {"fsdp": {"sharding_strategy": strategy}}
+    if strategy in TP_ARMS:
+        config: Optional[dict[str, Any]] = TP_ARMS[strategy][1]
+    else:
+        config = None if strategy == "DDP" else {"fsdp": {"sharding_strategy": strategy}}
     trainer = Trainer(model=model, train_dataloader=loader, max_duration="1ba",
                       progress_bar=False, seed=0, parallelism_config=config, device="cpu")
     trainer.fit()
@@ -85,6 +95,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--vocab_size", type=int, default=4096)
     parser.add_argument("--seq_len", type=int, default=128)
     parser.add_argument("--world_sizes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--no_tp", action="store_true", help="skip the TP and FSDP x TP rows")
     args = parser.parse_args(argv)
     rows = []
     for world in args.world_sizes:
@@ -92,6 +103,10 @@ def main(argv: Optional[list[str]] = None) -> None:
             result = run(strategy, world, args)
             assert result is not None
             rows.append((strategy, world, result))
+    for name, (world, _) in ({} if args.no_tp else TP_ARMS).items():
+        result = run(name, world, args)
+        assert result is not None
+        rows.append((name, world, result))
     num_params = rows[0][2]["num_params"]
     base = rows[0][2]
     base_total = base["params"] + base["grads"] + base["optimizer"]

@@ -12,20 +12,27 @@ own fresh process (clean peak-memory figures and dynamo caches):
 ``fsdp``           FSDP2 on a world of one (``parallelism_config={"fsdp": {}}``:
                    FULL_SHARD, mixed precision DEFAULT, one unit per block + the root).
 ``fsdp+compile``   both, in torchtitan's order (compile, then ``fully_shard``).
+``tp``             tensor parallelism over ``--tp-degree`` GPUs (default 2; torchrun, one
+                   process per GPU; ``parallelism_config={"tp": {"tensor_parallel_degree":
+                   N}}``, the built-in GPT-2 plan). Every rank of the group trains on the
+                   same batch; tokens/s is the group's, MFU is against N GPUs' peak. Skipped
+                   (a row says why) on a machine with fewer GPUs.
 
 Reported: tokens/s over ``--steps`` steps after ``--warmup`` steps (the clock is read after
 a ``torch.cuda.synchronize()`` at both ends, nowhere in between), time per step, MFU, peak
 allocated memory, and the time to the end of the first step (which includes compilation).
 
-MFU (model FLOPs utilisation) = achieved model FLOP/s / the device's dense bf16 peak.
-Model FLOPs per token = ``6 * N + 12 * n_layer * n_embd * seq``: ``6N`` for the forward and
-backward matmuls of the ``N`` parameters that take part in matmuls (all but the position
-embedding; the tied token embedding counts once, as the output projection), plus the
-attention score and value matmuls. Sources: Chowdhery et al. 2022, "PaLM", Appendix B
-(``6N + 12LHQT``); nanoGPT's ``GPT.estimate_mfu`` (``karpathy/nanoGPT`` ``model.py``).
-Activation recomputation is not counted (none is used here). Peaks (dense bf16, no
-sparsity): H100 SXM and H200 989.4 TFLOP/s, H100 NVL 835, H100 PCIe 756, A100 312;
-``--peak-tflops`` overrides.
+MFU (model FLOPs utilisation) = achieved model FLOP/s / the device's dense peak at the
+run's precision. Model FLOPs per token = ``6 * N + 12 * n_layer * n_embd * seq``: ``6N`` for
+the forward and backward matmuls of the ``N`` parameters that take part in matmuls (all but
+the position embedding; the tied token embedding counts once, as the output projection),
+plus the attention score and value matmuls. Sources: Chowdhery et al. 2022, "PaLM",
+Appendix B (``6N + 12LHQT``); nanoGPT's ``GPT.estimate_mfu`` (``karpathy/nanoGPT``
+``model.py``). It is the count ``HuggingFaceModel.flops_per_batch`` gives and
+``SpeedMonitor`` logs MFU with (:func:`cadence.utils.flops.transformer_flops_per_token`).
+Activation recomputation is not counted (none is used here). Peaks come from cadence's
+table, :data:`cadence.utils.flops.PEAK_FLOPS` (dense, no sparsity; bf16: H100 SXM and H200
+989.4 TFLOP/s, H100 NVL 835.5, H100 PCIe 756, A100 312, ...); ``--peak-tflops`` overrides.
 
 Usage::
 
@@ -48,31 +55,21 @@ import sys
 import time
 from typing import Any, Optional
 
-__all__ = ["CONFIGS", "PEAK_BF16_TFLOPS", "flops_per_token", "matmul_params", "peak_tflops",
+__all__ = ["CONFIGS", "flops_per_token", "matmul_params", "peak_tflops",
            "main"]
 
-CONFIGS = ("eager", "compile", "fsdp", "fsdp+compile")
-
-#: Dense bf16 tensor-core peaks in TFLOP/s (NVIDIA data sheets; no 2:4 sparsity), matched
-#: against ``torch.cuda.get_device_name()`` in this order.
-PEAK_BF16_TFLOPS: tuple[tuple[tuple[str, ...], float], ...] = (
-    (("H200",), 989.4),
-    (("H100", "NVL"), 835.0),
-    (("H100", "PCIE"), 756.0),
-    (("H100",), 989.4),  # SXM ("NVIDIA H100 80GB HBM3")
-    (("A100",), 312.0),
-)
+CONFIGS = ("eager", "compile", "fsdp", "fsdp+compile", "tp")
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def peak_tflops(device_name: str) -> Optional[float]:
-    """The dense bf16 peak of a GPU from its name, or None when unknown."""
-    name = device_name.upper()
-    for needles, peak in PEAK_BF16_TFLOPS:
-        if all(needle in name for needle in needles):
-            return peak
-    return None
+def peak_tflops(device_name: str, precision: str = "bf16") -> Optional[float]:
+    """The dense peak of a GPU in TFLOP/s from its name (cadence's table,
+    :func:`cadence.utils.flops.peak_flops`), or None when unknown."""
+    from cadence.utils.flops import peak_flops
+
+    peak = peak_flops(device_name, precision)
+    return None if peak is None else round(peak / 1e12, 3)
 
 
 def matmul_params(total_params: int, max_seq_len: int, n_embd: int) -> int:
@@ -83,8 +80,11 @@ def matmul_params(total_params: int, max_seq_len: int, n_embd: int) -> int:
 
 def flops_per_token(n_params: int, n_layer: int, n_embd: int, seq_len: int) -> float:
     """Training FLOPs per token: ``6 * n_params + 12 * n_layer * n_embd * seq_len`` (PaLM,
-    Appendix B; nanoGPT ``estimate_mfu``)."""
-    return 6.0 * n_params + 12.0 * n_layer * n_embd * seq_len
+    Appendix B; nanoGPT ``estimate_mfu``), :func:`cadence.utils.flops.transformer_flops_per_token`
+    with one head of width ``n_embd`` (the attention term depends only on ``H * Q``)."""
+    from cadence.utils.flops import transformer_flops_per_token
+
+    return transformer_flops_per_token(n_params, n_layer, 1, n_embd, seq_len)
 
 
 # ----------------------------------------------------------------------------- one run
@@ -98,6 +98,9 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
 
     config = args.config
     device = torch.device(args.device)
+    if device.type == "cuda" and "LOCAL_RANK" in os.environ:  # a torchrun group (tp)
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
     torch.manual_seed(0)
     model = gpt2(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                  vocab_size=args.vocab_size, max_seq_len=args.seq_len)
@@ -109,6 +112,9 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
                         generator=generator)
     pool = [{"input_ids": ids[i], "labels": ids[i]} for i in range(ids.shape[0])]
     total_steps = args.warmup + args.steps
+    # Model FLOPs per token: the PaLM count SpeedMonitor uses (HuggingFaceModel.flops_per_batch,
+    # equal to flops_per_token(matmul_params(...)) below), read before compile or sharding.
+    fpt = model.flops_per_batch(pool[0]) / (args.batch_size * args.seq_len)
 
     class Loader:  # total_steps batches, cycling over the pool
         def __len__(self) -> int:
@@ -139,6 +145,9 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
     compile_config = ({"per_block": True, "backend": args.compile_backend}
                       if "compile" in config else None)
     parallelism_config = {"fsdp": {}} if "fsdp" in config else None
+    gpus = args.tp_degree if config == "tp" else 1
+    if config == "tp":
+        parallelism_config = {"tp": {"tensor_parallel_degree": args.tp_degree}}
     t_build = time.perf_counter()
     # Compile is applied in place before the Trainer shards the model: the plan's order.
     apply_compile(model, compile_config)
@@ -159,11 +168,12 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
     seconds = marks[f"step{total_steps}"] - marks[f"step{args.warmup}"]
     tokens = args.steps * args.batch_size * args.seq_len
     tokens_per_s = tokens / seconds
-    fpt = flops_per_token(matmul_params(total_params, args.seq_len, args.n_embd), args.n_layer,
-                          args.n_embd, args.seq_len)
     peak = args.peak_tflops
     if peak is None and device.type == "cuda":
-        peak = peak_tflops(torch.cuda.get_device_name(device))
+        from cadence.utils.flops import device_peak_flops
+
+        flops = device_peak_flops(device, args.precision)  # fp32: tf32 if PyTorch allows it
+        peak = None if flops is None else flops / 1e12
     return {
         "config": config,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -171,7 +181,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
         "tokens_per_s": tokens_per_s,
         "ms_per_step": seconds / args.steps * 1e3,
         "tflops": tokens_per_s * fpt / 1e12,
-        "mfu": None if peak is None else tokens_per_s * fpt / (peak * 1e12),
+        "mfu": None if peak is None else tokens_per_s * fpt / (gpus * peak * 1e12),
         "peak_tflops": peak,
         "peak_mem_gib": (torch.cuda.max_memory_allocated(device) / 2**30
                          if device.type == "cuda" else None),
@@ -184,8 +194,11 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- driver
 def _child_command(args: argparse.Namespace, config: str) -> list[str]:
     command = [sys.executable, os.path.abspath(__file__), "--child", config]
+    if config == "tp":  # one process per GPU of the tensor-parallel group
+        command[1:1] = ["-m", "torch.distributed.run", "--standalone",
+                        f"--nproc-per-node={args.tp_degree}"]
     for name in ("steps", "warmup", "batch_size", "seq_len", "n_layer", "n_head", "n_embd",
-                 "vocab_size", "precision", "device", "compile_backend"):
+                 "vocab_size", "precision", "device", "compile_backend", "tp_degree"):
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if args.peak_tflops is not None:
         command += ["--peak-tflops", str(args.peak_tflops)]
@@ -239,6 +252,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         help="device peak in TFLOP/s for MFU (default: from the device name)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                         help="cpu only to check the plumbing with a tiny model")
+    parser.add_argument("--tp-degree", type=int, default=2,
+                        help="GPUs of the tp configuration's tensor-parallel group (2)")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -259,7 +274,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.child is not None:
         args.config = args.child
-        print(json.dumps(run_config(args)))
+        result = run_config(args)
+        if int(os.environ.get("RANK", "0")) == 0:  # one line from a torchrun group
+            print(json.dumps(result))
         return 0
     if args.device == "cuda":
         import torch
@@ -272,6 +289,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     env = {**os.environ, "PYTHONPATH": _REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     rows: list[dict[str, Any]] = []
     for config in args.configs:
+        if config == "tp" and args.device == "cuda":
+            import torch
+
+            if torch.cuda.device_count() < args.tp_degree:
+                rows.append({"config": config, "error": f"needs {args.tp_degree} GPUs, found "
+                                                        f"{torch.cuda.device_count()}"})
+                continue
         print(f"running {config} ...", file=sys.stderr, flush=True)
         result = subprocess.run(_child_command(args, config), capture_output=True, text=True,
                                 cwd=_REPO, env=env)
@@ -290,7 +314,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"- command: python benchmarks/gpu_throughput.py "
             + " ".join(sys.argv[1:] if argv is None else argv),
             f"- device: {first['device']}; torch {first['torch']}; peak "
-            + ("unknown (MFU not shown)" if peak is None else f"{peak:g} TFLOP/s dense bf16"),
+            + ("unknown (MFU not shown)" if peak is None
+               else f"{peak:g} TFLOP/s dense {args.precision}"),
             f"- model: gpt2(n_layer={args.n_layer}, n_head={args.n_head}, n_embd={args.n_embd}, "
             f"vocab_size={args.vocab_size}, max_seq_len={args.seq_len}), "
             f"{first['params'] / 1e6:.1f} M parameters; precision {args.precision}",

@@ -6,6 +6,7 @@
     cadence launch -n 2 RUN.yaml [key=value ...]   # the same on 2 ranks, through torchrun
     cadence convert CHECKPOINT --to hf OUT_DIR     # model.safetensors + config (+ tokenizer)
     cadence convert CHECKPOINT --to full OUT.pt    # merge a sharded checkpoint into one file
+    cadence plot RUN_DIR [RUN_DIR ...] [--metrics a,b] [-o plot.png]   # compare runs' metrics
 
 ``train`` loads the run file, applies the ``key=value`` overrides (dotted keys, YAML values,
 as in OmegaConf's dotlist), checks everything (see :func:`~cadence.trainer.config.load_config`),
@@ -16,8 +17,13 @@ any model or data is built.
 ``launch`` checks the run file the same way, then starts ``N`` ranks with
 ``torch.distributed.run`` (torchrun), each running ``cadence train``. One node picks a free
 port itself; several nodes pass ``--nnodes``, ``--node_rank``, ``--master_addr`` and
-``--master_port`` as torchrun takes them. When a rank fails, torchrun stops the others and
-prints the failing rank's traceback; the exit status is then 1.
+``--master_port`` (or ``--rdzv_backend c10d --rdzv_endpoint HOST:PORT``) as torchrun takes
+them; under SLURM what is not given comes from the job (:func:`torchrun_argv`,
+:mod:`cadence.trainer.slurm`). When a rank fails, torchrun stops the others and
+prints the failing rank's traceback; the exit status is then 1. A rank killed by a signal is
+named with its signal first; a rank that stops answering fails every collective after
+``dist_timeout`` seconds, and the surviving ranks name it. The ranks die with the launch:
+``SIGKILL`` on ``cadence launch`` kills them too (:mod:`cadence.trainer.rank_health`).
 
 More subcommands are added as a function ``_add_<name>(subparsers)`` each, registered in
 :func:`build_parser`.
@@ -28,9 +34,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "torchrun_argv"]
 
 #: Exit status for a bad run config or bad arguments (argparse uses 2 for usage errors too).
 EXIT_CONFIG_ERROR = 2
@@ -47,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(subparsers)
     _add_launch(subparsers)
     _add_convert(subparsers)
+    _add_plot(subparsers)
     return parser
 
 
@@ -77,12 +84,27 @@ def _add_launch(subparsers: argparse._SubParsersAction) -> None:
     )
     launch.add_argument("-n", "--nproc_per_node", type=int, required=True,
                         help="ranks (processes) on this node")
-    launch.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
-    launch.add_argument("--node_rank", type=int, default=0, help="this node's rank (default 0)")
-    launch.add_argument("--master_addr", default="127.0.0.1",
-                        help="address of the rank-0 node (default 127.0.0.1)")
+    launch.add_argument("--nnodes", type=int, default=None,
+                        help="number of nodes (default: SLURM's node count under SLURM, else 1)")
+    launch.add_argument("--node_rank", type=int, default=None,
+                        help="this node's rank, static rendezvous (default: SLURM_NODEID, else 0)")
+    launch.add_argument("--master_addr", default=None,
+                        help="address of the rank-0 node, static rendezvous (default: the first "
+                             "host of SLURM's node list, else 127.0.0.1)")
     launch.add_argument("--master_port", type=int, default=None,
-                        help="port on the rank-0 node (default: a free port, on one node)")
+                        help="port on the rank-0 node (default: 15000 + SLURM_JOB_ID %% 10000 "
+                             "under SLURM, else a free port on one node)")
+    launch.add_argument("--rdzv_backend", default="static",
+                        help="torchrun's rendezvous: static (default: --node_rank, "
+                             "--master_addr, --master_port) or c10d (node ranks assigned at "
+                             "--rdzv_endpoint)")
+    launch.add_argument("--rdzv_endpoint", default=None, metavar="HOST:PORT",
+                        help="the c10d rendezvous (default: as --master_addr:--master_port)")
+    launch.add_argument("--rdzv_id", default=None,
+                        help="the job's id at the rendezvous (default: SLURM_JOB_ID, else "
+                             "torchrun's 'none')")
+    launch.add_argument("--rdzv_conf", default=None, metavar="K=V,...",
+                        help="torchrun's --rdzv_conf, e.g. join_timeout=600")
     launch.add_argument("config", metavar="RUN.yaml", help="the run file")
     launch.add_argument("overrides", nargs="*", metavar="key=value",
                         help="overrides, as for `cadence train`")
@@ -97,37 +119,111 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def torchrun_argv(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
+    """The torchrun command line for ``cadence launch`` arguments ``args``.
+
+    What ``args`` leaves unset (``None``) comes from SLURM when ``environ`` describes a
+    SLURM task (:func:`cadence.trainer.slurm.slurm_nodes`): the node count, this node's rank,
+    the rank-0 address (the node list's first host) and port (``15000 + SLURM_JOB_ID %
+    10000``), and the c10d rendezvous id (``SLURM_JOB_ID``). Otherwise one node on
+    ``127.0.0.1`` and a free port. ``--rdzv_backend c10d`` uses ``--rdzv_endpoint`` (default
+    ``master_addr:master_port`` as above) and lets the rendezvous number the nodes.
+
+    Args:
+        args: the parsed ``cadence launch`` arguments.
+        environ: the environment, e.g. ``os.environ``.
+
+    Returns:
+        The arguments of ``torch.distributed.run``, ending in ``-m cadence train RUN.yaml
+        key=value ...``.
+
+    Raises:
+        ValueError: a bad count or rank, several nodes without a rank-0 port or rendezvous
+            endpoint, a static-only option with c10d (or the reverse), or a SLURM variable
+            that cannot be read; the message names the option and the fix.
+    """
+    from cadence.trainer.slurm import slurm_nodes
+
+    slurm = slurm_nodes(environ)
+    nnodes = args.nnodes if args.nnodes is not None else slurm.nnodes if slurm else 1
+    multi_slurm = slurm if slurm is not None and nnodes > 1 else None
+    if args.nproc_per_node < 1 or nnodes < 1:
+        raise ValueError(f"need -n >= 1 and --nnodes >= 1 (got -n {args.nproc_per_node}, "
+                         f"--nnodes {nnodes}).")
+    addr = (args.master_addr if args.master_addr is not None
+            else multi_slurm.master_addr if multi_slurm else "127.0.0.1")
+    port = (args.master_port if args.master_port is not None
+            else multi_slurm.master_port if multi_slurm else None)
+    if port is None and nnodes == 1:
+        port = _free_port()
+    head = [f"--nproc_per_node={args.nproc_per_node}", f"--nnodes={nnodes}"]
+    tail = ["--max_restarts=0", "--monitor_interval=0.5",
+            "-m", "cadence", "train", args.config, *args.overrides]
+    if args.rdzv_backend == "static":
+        if args.rdzv_endpoint is not None or args.rdzv_id is not None:
+            raise ValueError("--rdzv_endpoint and --rdzv_id are for --rdzv_backend c10d; the "
+                             "static rendezvous meets at --master_addr:--master_port.")
+        node_rank = (args.node_rank if args.node_rank is not None
+                     else multi_slurm.node_rank if multi_slurm else 0)
+        if not 0 <= node_rank < nnodes:
+            raise ValueError(f"need 0 <= --node_rank < --nnodes (got --node_rank {node_rank}, "
+                             f"--nnodes {nnodes}).")
+        if port is None:
+            raise ValueError("--master_port is required with --nnodes > 1 outside SLURM (every "
+                             "node must name the same rank-0 address and port).")
+        return [*head, f"--node_rank={node_rank}", f"--master_addr={addr}",
+                f"--master_port={port}", *(["--rdzv_conf", args.rdzv_conf]
+                                           if args.rdzv_conf else []), *tail]
+    if args.node_rank is not None or args.master_addr is not None:
+        raise ValueError(f"--node_rank and --master_addr are for the static rendezvous; with "
+                         f"--rdzv_backend {args.rdzv_backend} the nodes meet at "
+                         f"--rdzv_endpoint HOST:PORT, which numbers them.")
+    endpoint = args.rdzv_endpoint or (f"{addr}:{port}" if port is not None else None)
+    if endpoint is None:
+        raise ValueError(f"--rdzv_endpoint HOST:PORT is required with --rdzv_backend "
+                         f"{args.rdzv_backend} and --nnodes > 1 outside SLURM.")
+    rdzv_id = args.rdzv_id if args.rdzv_id is not None else (
+        multi_slurm.job_id if multi_slurm else None)
+    return [*head, f"--rdzv_backend={args.rdzv_backend}", f"--rdzv_endpoint={endpoint}",
+            *([f"--rdzv_id={rdzv_id}"] if rdzv_id else []),
+            *(["--rdzv_conf", args.rdzv_conf] if args.rdzv_conf else []), *tail]
+
+
 def _launch(args: argparse.Namespace) -> int:
+    import os
+
     from cadence.trainer.config import ConfigError, load_config
 
-    if args.nproc_per_node < 1 or args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
-        print(f"cadence launch: need -n >= 1, --nnodes >= 1 and 0 <= --node_rank < --nnodes "
-              f"(got -n {args.nproc_per_node}, --nnodes {args.nnodes}, --node_rank "
-              f"{args.node_rank}).", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
-    if args.nnodes > 1 and args.master_port is None:
-        print("cadence launch: --master_port is required with --nnodes > 1 (every node must "
-              "name the same rank-0 address and port).", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
-    try:  # fail on a bad run file before any rank starts
-        load_config(args.config, args.overrides)
-    except ConfigError as exc:
+    try:
+        argv = torchrun_argv(args, os.environ)
+    except ValueError as exc:
         print(f"cadence launch: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    port = args.master_port if args.master_port is not None else _free_port()
-    torchrun_args = get_args_parser().parse_args([
-        f"--nproc_per_node={args.nproc_per_node}", f"--nnodes={args.nnodes}",
-        f"--node_rank={args.node_rank}", f"--master_addr={args.master_addr}",
-        f"--master_port={port}", "--max_restarts=0", "--monitor_interval=0.5",
-        "-m", "cadence", "train", args.config, *args.overrides,
-    ])
+    from cadence.trainer.rank_health import LAUNCHER_PID_ENV, RankWatcher
+
+    torchrun_args = get_args_parser().parse_args(argv)
+    nnodes = int(torchrun_args.nnodes)
+    try:  # fail on a bad run file, or a batch size the ranks do not divide, before any rank
+        load_config(args.config, args.overrides, world_size=args.nproc_per_node * nnodes)
+    except ConfigError as exc:
+        print(f"cadence launch: {exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    if nnodes > 1:  # every node prints how it meets the others: a mismatch shows at once
+        print(f"cadence launch: torchrun {' '.join(argv[:argv.index('-m')])}", file=sys.stderr)
+    # Workers tie their life to this process (see cadence.trainer.rank_health); the watcher
+    # names a rank killed by a signal, and kills a stopped rank once the job has failed.
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    watcher = RankWatcher()
+    watcher.start()
     try:
         run(torchrun_args)
     except ChildFailedError:
         return 1  # torchrun has printed the failing rank's traceback
+    finally:
+        watcher.stop()
     return 0
 
 
@@ -143,6 +239,43 @@ def _add_convert(subparsers: argparse._SubParsersAction) -> None:
     convert.add_argument("--to", choices=("hf", "full"), required=True, help="output format")
     convert.add_argument("out", help="output directory (hf) or file (full)")
     convert.set_defaults(func=_convert)
+
+
+def _add_plot(subparsers: argparse._SubParsersAction) -> None:
+    plot = subparsers.add_parser(
+        "plot",
+        help="plot metrics of one or more runs from their metrics.jsonl",
+        description="Draw the chosen metrics of one or several runs (the `file` logger's "
+                    "metrics.jsonl) against the optimizer step, one panel per metric, one "
+                    "line per run (needs matplotlib: pip install 'cadence[plot]').",
+        epilog="example: cadence plot runs/quickstart runs/quickstart-lr1e-3 "
+               "--metrics loss/train/total,metrics/eval/LanguagePerplexity -o compare.png",
+    )
+    plot.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                      help="a run's folder (holding metrics.jsonl) or a .jsonl file")
+    plot.add_argument("--metrics", default=None,
+                      help="comma-separated metric names (default: loss/train/total and every "
+                           "metrics/... the runs logged)")
+    plot.add_argument("-o", "--output", default="plot.png",
+                      help="image file to write; .png, .svg or .pdf (default plot.png)")
+    plot.add_argument("--width", type=int, default=900, help="width in pixels (900)")
+    plot.add_argument("--panel-height", type=int, default=300,
+                      help="height of each metric's panel in pixels (300)")
+    plot.set_defaults(func=_plot)
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from cadence.plot import plot_runs
+
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+    try:
+        out = plot_runs(args.runs, metrics=metrics, output=args.output, width=args.width,
+                        panel_height=args.panel_height)
+    except (ValueError, ImportError) as exc:
+        print(f"cadence plot: {exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    print(f"wrote {out}")
+    return 0
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -166,6 +299,7 @@ def _convert(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     # Imported when a run starts, not when the parser is built.
     from cadence.trainer.build import build_trainer
+    from cadence.trainer.checkpoint.lock import SaveFolderInUse
     from cadence.trainer.config import ConfigError, load_config
 
     try:
@@ -174,10 +308,18 @@ def _train(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"cadence train: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    except SaveFolderInUse as exc:  # another live run holds the save folder: not a bad config
+        print(f"cadence train: {exc}", file=sys.stderr)
+        return 1
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         trainer.fit()
+    except Exception as exc:
+        from cadence.trainer.rank_health import report_collective_failure
+
+        report_collective_failure(exc, cfg.dist_timeout)  # names the ranks that went silent
+        raise
     finally:
         trainer.close()
     return 0
@@ -191,6 +333,10 @@ def _train_recorded(args: argparse.Namespace) -> int:
     if "TORCHELASTIC_ERROR_FILE" not in os.environ:
         return _train(args)
     from torch.distributed.elastic.multiprocessing.errors import record
+
+    from cadence.trainer.rank_health import die_with_launcher
+
+    die_with_launcher()  # torchrun starts ranks in their own session: tie them to it
 
     return int(record(_train)(args))
 

@@ -56,7 +56,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from cadence.trainer import dist
 from cadence.trainer.core import Algorithm, Event, State
 from cadence.trainer.microbatch import batch_to_device, num_samples, split_batch
-from cadence.trainer.parallel import unwrap_model
+from cadence.trainer.parallel import is_shard_placement, unwrap_model
 from cadence.trainer.precision import Precision, get_precision_context
 from cadence.trainer.registry import algorithms
 
@@ -118,7 +118,7 @@ def _shard_index(tensor: torch.Tensor) -> int:
         return 0
     index = 0
     for dim, placement in enumerate(tensor.placements):
-        if placement.is_shard():
+        if is_shard_placement(placement):  # Shard, or FSDP2's _StridedShard over TP
             index = index * mesh.size(dim) + coordinate[dim]
     return index
 
@@ -143,7 +143,8 @@ def _replication_weight(tensor: torch.Tensor) -> float:
     over all ranks counts every global entry once."""
     if isinstance(tensor, DTensor):
         mesh = tensor.device_mesh
-        shards = math.prod(mesh.size(d) for d, p in enumerate(tensor.placements) if p.is_shard())
+        shards = math.prod(mesh.size(d) for d, p in enumerate(tensor.placements)
+                           if is_shard_placement(p))
         return shards / mesh.size()
     return 1.0 / dist.get_world_size()
 
@@ -442,7 +443,7 @@ class ChildTuning(Algorithm):
                 groups.setdefault(key, []).append(p.grad)
         for (device, shard), grads in groups.items():
             generator = torch.Generator(device=device)
-            generator.manual_seed(hash((self.seed, state.timestamp.batch, shard)) & (2**63 - 1))
+            generator.manual_seed(hash((self.seed, int(state.timestamp.batch), shard)) & (2**63 - 1))
             child_tuning_f_mask_(grads, self.reserve_p, generator)
 
     def _estimate_mask(self, state: State, logger: Any) -> None:

@@ -24,7 +24,7 @@ MosaicML Composer's ``EMA`` algorithm (``half_life``, ``smoothing``, ``update_in
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 from torch import nn
@@ -62,20 +62,27 @@ def smoothing_from_half_life(half_life: Time, update_interval: Time) -> float:
     return float(2.0 ** (-update_interval.value / half_life.value))
 
 
-def compute_ema(model: nn.Module, ema: dict[str, torch.Tensor], smoothing: float) -> None:
-    """``ema[name] <- smoothing * ema[name] + (1 - smoothing) * tensor`` for the model's
-    parameters and buffers named in ``ema``, in place (DTensors on their local shards).
+def compute_ema(model: nn.Module, ema_model: Union[nn.Module, dict[str, torch.Tensor]],
+                smoothing: float = 0.99) -> None:
+    """``ema <- smoothing * ema + (1 - smoothing) * model`` for every floating-point
+    parameter and buffer, in place (DTensors on their local shards).
 
     Args:
         model: the unwrapped model (its ``named_parameters`` / ``named_buffers``).
-        ema: name -> EMA tensor, laid out like the model's tensor.
-        smoothing: in ``[0, 1]``; 0 copies the weights, 1 keeps the EMA.
+        ema_model: a module of the same architecture (Composer's form: its parameters and
+            buffers of the same names are updated), or name -> EMA tensor laid out like
+            the model's tensor. Names that the model lacks are left alone.
+        smoothing: in ``[0, 1]``; 0 copies the weights, 1 keeps the EMA. Default ``0.99``
+            (Composer's).
 
     Raises:
         ValueError: ``smoothing`` outside ``[0, 1]``.
+
+    Source: Composer ``composer/algorithms/ema/ema.py`` (``compute_ema``).
     """
     if not 0.0 <= smoothing <= 1.0:
         raise ValueError(f"smoothing must be in [0, 1], got {smoothing}.")
+    ema = _named_tensors(ema_model) if isinstance(ema_model, nn.Module) else ema_model
     current = _named_tensors(model)
     names = [n for n in ema if n in current]
     with torch.no_grad():

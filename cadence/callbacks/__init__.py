@@ -1,20 +1,49 @@
-"""Callbacks: observe a run and log, one module each. Importing this package registers them
-in :data:`cadence.trainer.registry.callbacks`: ``lr_monitor``, ``speed_monitor``,
+"""Callbacks: observe a run and log, one module each, imported on first use. The registry
+imports them on its first look-up (:data:`_REGISTERING_MODULES`), which registers them in
+:data:`cadence.trainer.registry.callbacks`: ``lr_monitor``, ``speed_monitor``,
 ``memory_monitor``, ``optimizer_monitor``, ``nan_monitor``, ``early_stopper``,
-``threshold_stopper``, ``runtime_estimator``.
+``threshold_stopper``, ``runtime_estimator``, ``profiler``.
 """
 
 from __future__ import annotations
 
-from cadence.callbacks.early_stopper import EarlyStopper, ThresholdStopper
-from cadence.callbacks.lr_monitor import LRMonitor
-from cadence.callbacks.memory_monitor import MemoryMonitor
-from cadence.callbacks.nan_monitor import NaNMonitor
-from cadence.callbacks.optimizer_monitor import OptimizerMonitor
-from cadence.callbacks.runtime_estimator import RuntimeEstimator
-from cadence.callbacks.speed_monitor import SpeedMonitor
+from typing import TYPE_CHECKING
+
+from cadence._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from cadence.callbacks.checkpoint_saver import CheckpointSaver
+    from cadence.callbacks.early_stopper import EarlyStopper, ThresholdStopper
+    from cadence.callbacks.lr_monitor import LRMonitor
+    from cadence.callbacks.memory_monitor import MemoryMonitor
+    from cadence.callbacks.nan_monitor import NaNMonitor
+    from cadence.callbacks.optimizer_monitor import OptimizerMonitor
+    from cadence.callbacks.profiler import ProfilerCallback
+    from cadence.callbacks.runtime_estimator import RuntimeEstimator
+    from cadence.callbacks.speed_monitor import SpeedMonitor
 
 __all__ = [
-    "EarlyStopper", "LRMonitor", "MemoryMonitor", "NaNMonitor", "OptimizerMonitor",
-    "RuntimeEstimator", "SpeedMonitor", "ThresholdStopper",
+    "CheckpointSaver", "EarlyStopper", "LRMonitor", "MemoryMonitor", "NaNMonitor",
+    "OptimizerMonitor", "RuntimeEstimator", "SpeedMonitor", "ThresholdStopper", "ProfilerCallback",
 ]
+
+_LAZY = {
+    # CheckpointSaver (Composer's ``composer.callbacks.CheckpointSaver``) is not registered by
+    # name: the Trainer adds it from its save_* arguments.
+    "CheckpointSaver": "cadence.callbacks.checkpoint_saver",
+    "EarlyStopper": "cadence.callbacks.early_stopper",
+    "ThresholdStopper": "cadence.callbacks.early_stopper",
+    "LRMonitor": "cadence.callbacks.lr_monitor",
+    "MemoryMonitor": "cadence.callbacks.memory_monitor",
+    "NaNMonitor": "cadence.callbacks.nan_monitor",
+    "OptimizerMonitor": "cadence.callbacks.optimizer_monitor",
+    "ProfilerCallback": "cadence.callbacks.profiler",
+    "RuntimeEstimator": "cadence.callbacks.runtime_estimator",
+    "SpeedMonitor": "cadence.callbacks.speed_monitor",
+}
+
+#: The modules whose import registers the callbacks in :data:`cadence.trainer.registry.callbacks`
+#: (the registry imports them on its first look-up).
+_REGISTERING_MODULES = tuple(sorted(set(_LAZY.values()) - {"cadence.callbacks.checkpoint_saver"}))
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

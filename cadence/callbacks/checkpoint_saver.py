@@ -7,14 +7,19 @@ cadence's atomic full / sharded formats (:mod:`cadence.trainer.checkpoint`).
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from cadence.trainer import dist
+from cadence.trainer.checkpoint.async_save import AsyncCheckpointer
 from cadence.trainer.checkpoint.checkpoint import (
     FORMATS, CheckpointError, read_metadata, save_checkpoint,
 )
-from cadence.trainer.checkpoint.files import format_name, remove_checkpoint, write_latest
+from cadence.trainer.checkpoint.files import (
+    TMP_MARK, format_name, remove_checkpoint, write_latest,
+)
 from cadence.trainer.core import Callback, Event, State, Time, TimeUnit
 from cadence.trainer.registry import callbacks
 
@@ -36,14 +41,44 @@ class CheckpointSaver(Callback):
             a ``full`` checkpoint gets ``.pt`` appended when missing, a ``sharded`` one is a
             directory. Default ``ep{epoch}-ba{batch}``.
         latest_filename: the pointer file naming the newest complete checkpoint, moved only
-            once a save is complete on every rank. Default ``latest-{run_name}``.
+            once a save is complete on every rank (autoresume reads it). Default
+            ``latest-{run_name}``. A name ending in ``.pt`` (Composer's
+            ``latest-rank{rank}.pt``) is taken as ``symlink_filename`` instead, and the
+            pointer keeps its default name.
         save_interval: a Time string (``"1ep"``, ``"500ba"``, ``"0.25dur"``) or a callable
-            ``(state, event) -> bool``. Default ``"1ep"``.
-        num_checkpoints_to_keep: keep this many newest checkpoints (``-1``: all).
+            ``(state, event) -> bool`` (e.g. from
+            :func:`~cadence.utils.create_interval_scheduler`). Default ``"1ep"``.
+        num_checkpoints_to_keep: keep this many newest checkpoints locally (``-1``: all;
+            ``0``: none, as in Composer: each checkpoint is handed to the logger
+            destinations that store files, then deleted locally; autoresume then has
+            nothing local to resume from).
         overwrite: replace an existing checkpoint of the same name; else raise.
         weights_only: save the model (and metadata) only.
         state_dict_type: ``full`` (one file, gathered on rank 0) or ``sharded`` (DCP).
         metadata: extra metadata stored with each checkpoint (the Trainer adds the run's config).
+        symlink_filename: for ``full`` checkpoints, a symlink in ``folder`` to the newest
+            one, named as Composer names it; ``{rank}`` is filled in (rank 0 writes it).
+            Default ``latest-rank{rank}.pt``; ``None`` for none.
+        remote_file_name: the name under which each checkpoint is handed to
+            ``logger.upload_file`` (only when a destination stores files), with the
+            ``filename`` fields; default Composer's
+            ``{run_name}/checkpoints/ep{epoch}-ba{batch}-rank{rank}`` (``.pt`` added for a
+            full file; a sharded directory is uploaded file by file under it).
+        save_async: write checkpoints in the background
+            (:class:`~cadence.trainer.checkpoint.async_save.AsyncCheckpointer`): the loop
+            waits only while the state is copied to CPU memory; at most one save is in
+            flight (the next waits for it); ``FIT_END`` and :meth:`close` wait for it; the
+            ``latest`` pointer moves, and old checkpoints are rotated out, once the write is
+            complete on every rank (then, in the writer thread, the checkpoint is also handed
+            to the file-storing logger destinations). A failed background write raises at
+            the next event. Default False.
+
+    Attributes (Composer's names):
+        folder, filename, latest_filename, remote_file_name: the templates above.
+        save_interval: ``(state, event) -> bool``, whether to save on that event.
+        saved_checkpoints: local paths of the checkpoints this run saved and kept, oldest
+            first.
+        num_checkpoints_to_keep, weights_only, overwrite: as given.
 
     Raises:
         ValueError: bad ``save_interval``, ``state_dict_type`` or ``num_checkpoints_to_keep``.
@@ -56,17 +91,26 @@ class CheckpointSaver(Callback):
                  latest_filename: str = "latest-{run_name}", save_interval: SaveInterval = "1ep",
                  num_checkpoints_to_keep: int = -1, overwrite: bool = False,
                  weights_only: bool = False, state_dict_type: str = "full",
-                 metadata: Optional[dict[str, Any]] = None) -> None:
+                 metadata: Optional[dict[str, Any]] = None,
+                 symlink_filename: Optional[str] = "latest-rank{rank}.pt",
+                 remote_file_name: str = "{run_name}/checkpoints/ep{epoch}-ba{batch}-rank{rank}",
+                 save_async: bool = False) -> None:
         if state_dict_type not in FORMATS:
             raise ValueError(f"state_dict_type {state_dict_type!r} is not one of: "
                              f"{', '.join(FORMATS)}.")
-        if num_checkpoints_to_keep == 0 or num_checkpoints_to_keep < -1:
-            raise ValueError(f"save_num_checkpoints_to_keep must be -1 (all) or positive, got "
-                             f"{num_checkpoints_to_keep}.")
+        if num_checkpoints_to_keep < -1:
+            raise ValueError(f"save_num_checkpoints_to_keep must be -1 (all), 0 (none kept "
+                             f"locally) or positive, got {num_checkpoints_to_keep}.")
+        if latest_filename.endswith(".pt"):  # Composer's symlink name
+            symlink_filename, latest_filename = latest_filename, "latest-{run_name}"
         self.interval = save_interval if callable(save_interval) else Time.from_input(
             save_interval, TimeUnit.EPOCH)
-        self.folder_template, self.filename = folder, filename
-        self.latest_template = latest_filename
+        self.save_interval: Callable[[State, Event], bool] = (
+            save_interval if callable(save_interval) else self._due)
+        self.folder, self.filename = folder, filename
+        self.latest_filename = latest_filename
+        self.symlink_filename = symlink_filename
+        self.remote_file_name = remote_file_name
         self.num_checkpoints_to_keep = num_checkpoints_to_keep
         self.overwrite, self.weights_only = overwrite, weights_only
         self.state_dict_type = state_dict_type
@@ -74,9 +118,25 @@ class CheckpointSaver(Callback):
         self.saved: list[str] = []  # names of the checkpoints this run wrote, oldest first
         self._last_saved_batch: Optional[int] = None
         self._start_batch = 0  # where this process's training starts (the loaded batch)
+        self._folder_path: Optional[Path] = None
+        self.save_async = save_async
+        self._async: Optional[AsyncCheckpointer] = AsyncCheckpointer() if save_async else None
 
-    def folder(self, state: State) -> Path:
-        return Path(self.folder_template.format(run_name=state.run_name))
+    @property
+    def latest_template(self) -> str:
+        """The ``latest`` pointer's name template (same as :attr:`latest_filename`)."""
+        return self.latest_filename
+
+    @property
+    def saved_checkpoints(self) -> list[str]:
+        """Local paths of the checkpoints this run saved and still keeps, oldest first."""
+        if self._folder_path is None:
+            return []
+        return [str(self._folder_path / name) for name in self.saved]
+
+    def folder_path(self, state: State) -> Path:
+        """The checkpoint folder of ``state``'s run (``{run_name}`` filled in)."""
+        return Path(self.folder.format(run_name=state.run_name))
 
     def _due(self, state: State, event: Event) -> bool:
         if callable(self.interval):
@@ -86,7 +146,7 @@ class CheckpointSaver(Callback):
         interval = state.to_time(self.interval)
         if event == Event.EPOCH_CHECKPOINT:
             return done or (interval.unit == TimeUnit.EPOCH and interval.value > 0
-                            and state.timestamp.epoch % interval.value == 0)
+                            and int(state.timestamp.epoch) % interval.value == 0)
         if interval.unit == TimeUnit.EPOCH:
             return done and state.max_duration.unit != TimeUnit.EPOCH  # ends mid-epoch
         now = state.timestamp.get(interval.unit).value
@@ -102,28 +162,55 @@ class CheckpointSaver(Callback):
     def after_load(self, state: State, logger: Any) -> None:
         """Note the batch a loaded checkpoint resumes at: it is not saved again there (a
         finished run relaunched with autoresume ends at once, without writing a duplicate)."""
-        self._start_batch = state.timestamp.batch
+        self._start_batch = int(state.timestamp.batch)
         if self._start_batch > 0:
             self._last_saved_batch = self._start_batch
 
+    def run_event(self, event: Event, state: State, logger: Any) -> None:
+        """With ``save_async``, first raise a background save's failure (at the first event
+        after it failed), then dispatch as every callback does."""
+        if self._async is not None:
+            self._async.poll()
+        super().run_event(event, state, logger)
+
     def batch_checkpoint(self, state: State, logger: Any) -> None:
-        if self._due(state, Event.BATCH_CHECKPOINT):
-            self.save(state)
+        if self.save_interval(state, Event.BATCH_CHECKPOINT):
+            self.save(state, logger)
 
     def epoch_checkpoint(self, state: State, logger: Any) -> None:
-        if self._due(state, Event.EPOCH_CHECKPOINT):
-            self.save(state)
+        if self.save_interval(state, Event.EPOCH_CHECKPOINT):
+            self.save(state, logger)
 
     def fit_end(self, state: State, logger: Any) -> None:
-        self.save(state)  # the end of training, unless just saved
+        self.save(state, logger)  # the end of training, unless just saved
+        if self._async is not None:
+            self._async.wait()  # training ends with every checkpoint on disk
 
-    def save(self, state: State) -> Optional[Path]:
-        """Save now (every rank calls it); returns the checkpoint's path."""
-        if self._last_saved_batch == state.timestamp.batch:
+    def close(self) -> None:
+        """Wait for a background save still in flight (raising its failure); idempotent."""
+        if self._async is not None:
+            self._async.close()
+
+    def save(self, state: State, logger: Any = None, *, filename: Optional[str] = None,
+             weights_only: Optional[bool] = None) -> Optional[Path]:
+        """Save now (every rank calls it); returns the checkpoint's path, or None when this
+        batch was just saved.
+
+        Args:
+            state: the run's state.
+            logger: the run's Logger, to hand the checkpoint to destinations that store
+                files (``upload_file``); None: no upload.
+            filename: a name template instead of :attr:`filename` (``Trainer.save_checkpoint``).
+            weights_only: instead of :attr:`weights_only`.
+        """
+        if filename is None and self._last_saved_batch == int(state.timestamp.batch):
             return None
-        folder = self.folder(state)
-        name = format_name(self.filename, run_name=state.run_name, epoch=state.timestamp.epoch,
-                           batch=state.timestamp.batch, rank=0)
+        weights_only = self.weights_only if weights_only is None else weights_only
+        folder = self.folder_path(state)
+        self._folder_path = folder
+        fields = dict(run_name=state.run_name, epoch=int(state.timestamp.epoch),
+                      batch=int(state.timestamp.batch), rank=0)
+        name = format_name(filename or self.filename, **fields)
         if self.state_dict_type == "full" and not name.endswith(".pt"):
             name += ".pt"
         path = folder / name
@@ -132,23 +219,67 @@ class CheckpointSaver(Callback):
                 f"Checkpoint {path} already exists; set save_overwrite=True to replace it, or "
                 f"autoresume=True to continue the run that wrote it."
             )
+        if self._async is not None:
+            self._save_async(state, logger, path, fields, weights_only)
+            return path
         previous = list(self.saved)
         self.saved = [n for n in self.saved if n != name] + [name]  # so the checkpoint knows it
         try:
-            save_checkpoint(state, path, self.state_dict_type, self.weights_only, self.metadata)
+            save_checkpoint(state, path, self.state_dict_type, weights_only, self.metadata)
         except BaseException:
             self.saved = previous
             raise
-        self._last_saved_batch = state.timestamp.batch
+        self._last_saved_batch = int(state.timestamp.batch)
+        self._upload(logger, path, fields)
         self.commit(state, folder, name)
         return path
+
+    def _save_async(self, state: State, logger: Any, path: Path, fields: dict[str, Any],
+                    weights_only: bool) -> None:
+        """Stage the checkpoint and hand it to the background writer; the upload, the
+        ``latest`` pointer and rotation follow once it is on disk on every rank."""
+        assert self._async is not None
+        self._async.wait()  # the previous save's rotation is done before this one's list
+        previous = list(self.saved)
+        self.saved = [n for n in self.saved if n != path.name] + [path.name]
+        try:
+            self._async.save(state, path, self.state_dict_type, weights_only, self.metadata,
+                             on_written=lambda: self._written(state, logger, path, fields))
+        except BaseException:
+            self.saved = previous
+            raise
+        self._last_saved_batch = int(state.timestamp.batch)
+
+    def _written(self, state: State, logger: Any, path: Path, fields: dict[str, Any]) -> None:
+        """A background save is on disk on every rank (writer thread): upload, pointer,
+        rotation, as a synchronous save does after writing."""
+        self._upload(logger, path, fields)
+        self.commit(state, path.parent, path.name, barrier=False)
+
+    def _upload(self, logger: Any, path: Path, fields: dict[str, Any]) -> None:
+        """Hand the checkpoint to the destinations that store files (rank 0)."""
+        if logger is None or not logger.has_file_upload_destination():
+            if self.num_checkpoints_to_keep == 0:
+                log.warning("save_num_checkpoints_to_keep=0 and no logger destination stores "
+                            "files: checkpoint %s is deleted right after it is written.", path)
+            return
+        if dist.get_global_rank() != 0:
+            return
+        remote = format_name(self.remote_file_name, **fields)
+        if path.is_dir():
+            for file in sorted(p for p in path.rglob("*") if p.is_file()):
+                logger.upload_file(f"{remote}/{file.relative_to(path).as_posix()}", file,
+                                   overwrite=self.overwrite)
+        else:
+            suffix = "" if remote.endswith(".pt") else ".pt"
+            logger.upload_file(remote + suffix, path, overwrite=self.overwrite)
 
     def _abandoned(self, state: State, path: Path) -> bool:
         """Whether the checkpoint at ``path`` is this run's own from beyond the batch it
         resumed at: written by an attempt that was killed after renaming it into place but
         before moving ``latest`` to it, so autoresume went back to the one before. The
         resumed run recomputes that step; replacing the orphan is what it is for."""
-        if self._start_batch <= 0 or state.timestamp.batch <= self._start_batch:
+        if self._start_batch <= 0 or int(state.timestamp.batch) <= self._start_batch:
             return False
         answer = [False]
         if dist.get_global_rank() == 0:
@@ -163,17 +294,30 @@ class CheckpointSaver(Callback):
                         state.run_name, self._start_batch)
         return bool(answer[0])
 
-    def commit(self, state: State, folder: Path, name: str) -> None:
-        """Move the ``latest`` pointer to ``name`` and drop checkpoints beyond the limit."""
+    def commit(self, state: State, folder: Path, name: str, barrier: bool = True) -> None:
+        """Move the ``latest`` pointer to ``name`` and drop checkpoints beyond the limit
+        (``barrier``: then wait for every rank; the background writer has its own)."""
         rank0 = dist.get_global_rank() == 0
         if rank0:
-            write_latest(folder, self.latest_template.format(run_name=state.run_name), name)
-        while 0 < self.num_checkpoints_to_keep < len(self.saved):
+            write_latest(folder, self.latest_filename.format(run_name=state.run_name), name)
+            self._write_symlink(folder, name)
+        while 0 <= self.num_checkpoints_to_keep < len(self.saved):
             oldest = self.saved.pop(0)
             if rank0:
                 remove_checkpoint(folder / oldest)
-        dist.barrier()
-        log.info("Saved checkpoint %s", folder / name)
+        if barrier:
+            dist.barrier()
+            log.info("Saved checkpoint %s", folder / name)
+
+    def _write_symlink(self, folder: Path, name: str) -> None:
+        """Point Composer's ``latest-rank{rank}.pt`` symlink at a full checkpoint (relative,
+        replaced atomically)."""
+        if self.symlink_filename is None or self.state_dict_type != "full":
+            return
+        link = folder / self.symlink_filename.format(rank=dist.get_global_rank())
+        tmp = link.with_name(f"{link.name}{TMP_MARK}{secrets.token_hex(4)}")
+        os.symlink(name, tmp)
+        os.replace(tmp, link)
 
     def state_dict(self) -> dict[str, Any]:
         return {"saved": list(self.saved)}

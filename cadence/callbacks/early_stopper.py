@@ -223,12 +223,12 @@ class EarlyStopper(_MetricWatcher):
         self.checks_since_best += 1
         if self._out_of_patience(state):
             state.stop_training = True
-            since = self.best_timestamp.batch if self.best_timestamp is not None else 0
+            since = int(self.best_timestamp.batch) if self.best_timestamp is not None else 0
             log.info(
                 "EarlyStopper: %s = %s has not improved on %s (comp %s, min_delta %s) since batch "
                 "%d; stopping at batch %d (patience %s).",
                 self.key, value, self.best, self.comp_name, self.min_delta, since,
-                state.timestamp.batch, self.patience,
+                int(state.timestamp.batch), self.patience,
             )
 
     def batch_end(self, state: State, logger: Any) -> None:
@@ -318,7 +318,7 @@ class ThresholdStopper(_MetricWatcher):
         if self.comp(value, threshold):
             state.stop_training = True
             log.info("ThresholdStopper: %s = %s reached %s %s at batch %d; stopping.",
-                     self.key, value, self.comp_name, self.threshold, state.timestamp.batch)
+                     self.key, value, self.comp_name, self.threshold, int(state.timestamp.batch))
 
     def batch_end(self, state: State, logger: Any) -> None:
         del logger

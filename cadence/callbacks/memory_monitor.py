@@ -164,7 +164,7 @@ class MemoryMonitor(Callback):
         previous, self._last_retries = self._last_retries, retries
         if previous is None or retries <= previous:
             return
-        step = state.timestamp.batch
+        step = int(state.timestamp.batch)
         if (self._last_warned_batch is not None
                 and step - self._last_warned_batch < self.retry_warning_interval):
             return
@@ -183,7 +183,7 @@ class MemoryMonitor(Callback):
 
     def batch_end(self, state: State, logger: Any) -> None:
         self._check_retries(state)
-        step = state.timestamp.batch
+        step = int(state.timestamp.batch)
         if step != 1 and step % self.log_interval != 0:
             return
         report: dict[str, int] = {}

@@ -50,7 +50,7 @@ class NaNMonitor(Callback):
 
     def after_train_batch(self, state: State, logger: Any) -> None:
         del logger
-        step = state.timestamp.batch + 1  # the step this batch completes
+        step = int(state.timestamp.batch) + 1  # the step this batch completes
         if state.total_loss is None or step % self.check_interval != 0:
             return
         loss = state.total_loss.detach().float().sum()  # a new 0-d tensor
@@ -61,8 +61,8 @@ class NaNMonitor(Callback):
         if math.isfinite(value):
             return
         timestamp = state.timestamp
-        where = (f"batch {step} (epoch {timestamp.epoch + 1}, batch "
-                 f"{timestamp.batch_in_epoch + 1} of the epoch)")
+        where = (f"batch {step} (epoch {int(timestamp.epoch) + 1}, batch "
+                 f"{int(timestamp.batch_in_epoch) + 1} of the epoch)")
         if world_size > 1:
             local = state.total_loss.detach().float().sum().item()
             detail = f"the loss summed over {world_size} ranks is {value}; this rank's is {local}"

@@ -8,9 +8,11 @@ FSDP2 (they reduce DTensor shards over the mesh).
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any, Iterator, Union
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from cadence.trainer.core import Callback, Time, TimeUnit
 from cadence.trainer.parallel.grad_norm import get_grad_norm, get_param_norm
@@ -29,10 +31,15 @@ def _named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Pa
     return model.named_parameters()
 
 
+def _full(value: Any) -> Any:
+    """A DTensor metric (a norm of a sharded tensor) as a plain tensor; others unchanged."""
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
 @callbacks.register("optimizer_monitor")
 class OptimizerMonitor(Callback):
-    """Logs the global L2 norm of the gradients and of the parameters, on the first step
-    and every ``log_interval`` steps.
+    """Logs the global L2 norm of the gradients and of the parameters every
+    ``batch_log_interval`` steps, and the optimizer's own per-parameter metrics.
 
     - ``l2_norm/grad/global``: the norm of all gradients together, read at
       ``AFTER_TRAIN_BATCH``, where the gradients are final for the step (accumulated over
@@ -45,41 +52,64 @@ class OptimizerMonitor(Callback):
       optimizer step: the weights the next batch uses).
     - with ``log_per_layer``: ``l2_norm/grad/<param name>`` and ``l2_norm/param/<param name>``
       for every parameter (names as in the unwrapped model's ``named_parameters``).
+    - with ``log_optimizer_metrics`` and an optimizer that has
+      ``report_per_parameter_metrics(param, name, metrics)`` (e.g.
+      :class:`~cadence.trainer.optimizers.DecoupledAdamW`): what it reports per parameter,
+      e.g. ``l2_norm/moment/<name>``, ``l2_norm/update/<name>``, read at ``BATCH_END``.
 
     All ranks get the same values (the norms are reduced over the ranks under FSDP), and
     every rank must run this callback (under FSDP it runs collectives). Nothing is computed
-    on other steps; on a logging step the norms stay on the device until a logger destination
-    writes them, so the callback itself adds no host sync. With ``log_per_layer`` under FSDP
-    every parameter costs a small all-reduce on logging steps.
+    on other steps; on a logging step the global norms stay on the device until a logger
+    destination writes them, so the callback itself adds no host sync. Per-layer and
+    optimizer metrics under FSDP cost a small all-reduce per parameter on logging steps.
+
+    Differences from Composer's ``OptimizerMonitor``, on purpose: per-parameter gradient
+    norms are off unless ``log_per_layer`` (Composer always logs them: one metric per
+    parameter per logged step); the global parameter norm is added.
 
     Args:
-        log_interval: log every this many batches (an ``int`` or ``"10ba"``), plus the first;
-            default 10, the Trainer's default ``log_interval``.
+        log_optimizer_metrics: log the optimizer's per-parameter metrics; default True
+            (Composer's).
+        batch_log_interval: log at steps that are multiples of this (Composer's); default 10.
         log_per_layer: also log each parameter's gradient and weight norm (default off).
+        log_interval: deprecated name of ``batch_log_interval`` (an ``int`` or ``"10ba"``).
 
     Raises:
-        ValueError: ``log_interval`` is not a positive number of batches.
+        ValueError: the interval is not a positive number of batches.
     """
 
-    def __init__(self, log_interval: Union[int, str, Time] = 10,
-                 log_per_layer: bool = False) -> None:
-        interval = Time.from_input(log_interval, TimeUnit.BATCH)
+    def __init__(self, log_optimizer_metrics: bool = True,
+                 batch_log_interval: Union[int, str, Time] = 10, *,
+                 log_per_layer: bool = False,
+                 log_interval: Union[int, str, Time, None] = None) -> None:
+        if log_interval is not None:
+            warnings.warn("OptimizerMonitor(log_interval=) is deprecated; use "
+                          "batch_log_interval= (Composer's name).", DeprecationWarning,
+                          stacklevel=2)
+            batch_log_interval = log_interval
+        interval = Time.from_input(batch_log_interval, TimeUnit.BATCH)
         if interval.unit != TimeUnit.BATCH or interval.value < 1:
             raise ValueError(
-                f"OptimizerMonitor log_interval must be a positive number of batches (e.g. 10 "
-                f"or '10ba'); got {log_interval!r}."
+                f"OptimizerMonitor batch_log_interval must be a positive number of batches "
+                f"(e.g. 10 or '10ba'); got {batch_log_interval!r}."
             )
-        self.log_interval = int(interval.value)
+        self.log_optimizer_metrics = bool(log_optimizer_metrics)
+        self.batch_log_interval = int(interval.value)
         self.log_per_layer = bool(log_per_layer)
         self._grad_norms: dict[str, torch.Tensor] = {}  # computed at AFTER_TRAIN_BATCH
 
+    @property
+    def log_interval(self) -> int:
+        """Deprecated alias of :attr:`batch_log_interval`."""
+        return self.batch_log_interval
+
     def _due(self, step: int) -> bool:
-        return step == 1 or step % self.log_interval == 0
+        return step % self.batch_log_interval == 0
 
     def after_train_batch(self, state: State, logger: Any) -> None:
         del logger
         self._grad_norms = {}
-        if not self._due(state.timestamp.batch + 1):  # the step this batch will complete
+        if not self._due(int(state.timestamp.batch) + 1):  # the step this batch completes
             return
         norms = {"l2_norm/grad/global": get_grad_norm(state.model.parameters())}
         if self.log_per_layer:
@@ -89,7 +119,7 @@ class OptimizerMonitor(Callback):
         self._grad_norms = norms
 
     def batch_end(self, state: State, logger: Any) -> None:
-        if not self._due(state.timestamp.batch):
+        if not self._due(int(state.timestamp.batch)):
             return
         metrics: dict[str, Any] = dict(self._grad_norms)
         self._grad_norms = {}
@@ -97,4 +127,13 @@ class OptimizerMonitor(Callback):
         if self.log_per_layer:
             for name, param in _named_parameters(state.model):
                 metrics[f"l2_norm/param/{name}"] = get_param_norm([param])
+        reporter = getattr(state.optimizers[0], "report_per_parameter_metrics", None) \
+            if state.optimizers else None
+        if self.log_optimizer_metrics and callable(reporter):
+            reported: dict[str, Any] = {}
+            for name, param in _named_parameters(state.model):
+                if param.requires_grad:
+                    reported = reporter(param, name, reported)
+            metrics.update({key: _full(value) for key, value in reported.items()
+                            if key not in metrics})
         logger.log_metrics(metrics)

@@ -88,7 +88,7 @@ class RuntimeEstimator(EvalClockCallback):
         duration = state.get_elapsed_duration()
         if duration is not None:
             self._start_time = now
-            self._start_duration = duration
+            self._start_duration = float(duration)
             self._eval_seconds_at_start = self._eval_seconds
 
     def batch_end(self, state: State, logger: Any) -> None:
@@ -101,6 +101,7 @@ class RuntimeEstimator(EvalClockCallback):
         duration = state.get_elapsed_duration()
         if duration is None:
             return
+        duration = float(duration)  # a 'dur' Time
         progress = duration - self._start_duration
         if progress <= 0:
             return

@@ -8,16 +8,18 @@ imported on first access, so ``import cadence`` stays fast.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from cadence._lazy import lazy_exports
 from cadence.models.base import ComposerModel
 
 __all__ = [
+    "ComposerClassifier",
     "ComposerModel",
+    "CrossEntropy",
     "HuggingFaceModel",
     "LanguageCrossEntropy",
     "LanguagePerplexity",
+    "LossMetric",
+    "MaskedAccuracy",
     "gpt2",
     "hf_pretrained",
     "is_causal_lm",
@@ -27,6 +29,10 @@ __all__ = [
 ]
 
 _LAZY = {
+    "ComposerClassifier": "cadence.models.classifier",
+    "CrossEntropy": "cadence.models.metrics",
+    "LossMetric": "cadence.models.metrics",
+    "MaskedAccuracy": "cadence.models.metrics",
     "HuggingFaceModel": "cadence.models.huggingface",
     "is_causal_lm": "cadence.models.huggingface",
     "is_sequence_classifier": "cadence.models.huggingface",
@@ -38,9 +44,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name == "metrics":
-        return importlib.import_module("cadence.models.metrics")
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'cadence.models' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, {**_LAZY, "metrics": "cadence.models.metrics"})

@@ -6,6 +6,7 @@ Source: MosaicML Composer's ``ComposerModel`` (``composer/models/base.py``).
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Mapping
 from typing import Any, Optional
 
 import torch
@@ -25,6 +26,11 @@ class ComposerModel(nn.Module):
     - ``fsdp_wrap_fn(module) -> bool | dict``: which submodules become FSDP units.
     - ``activation_checkpointing_fn(module) -> bool``: which submodules to checkpoint.
     - ``param_init_fn(module)``: initialise a module materialised from the meta device.
+    - ``tp_plan() -> dict[str, str | ParallelStyle]``: the model's tensor-parallel plan,
+      ``{module-name pattern: style}`` (``colwise``, ``rowwise``, ``sequence_parallel``,
+      ``fused_qkv_colwise``, ``replicate``, or a ``ParallelStyle``), used when
+      ``parallelism_config.tp`` has no ``layer_plan``; without it the built-in plans for
+      GPT-2 and Llama blocks apply (:mod:`cadence.trainer.parallel.tp`).
     - a submodule attribute ``_fsdp_wrap = True``: make that submodule an FSDP unit.
 
     Example::
@@ -40,6 +46,11 @@ class ComposerModel(nn.Module):
             def loss(self, outputs, batch):
                 return F.cross_entropy(outputs, batch[1])
     """
+
+    #: The run's :class:`~cadence.Logger`, set by the Trainer (Composer's
+    #: ``ComposerModel.logger``), so a model can log from ``forward`` or ``loss``
+    #: (``self.logger.log_metrics({...})`` when it is not None). ``None`` outside a Trainer.
+    logger: Optional[Any] = None
 
     @abstractmethod
     def forward(self, batch: Any) -> Any:
@@ -65,12 +76,12 @@ class ComposerModel(nn.Module):
     def update_metric(self, batch: Any, outputs: Any, metric: Any) -> None:
         """Update ``metric`` with one batch. Default: ``metric.update(outputs, batch[-1])``
         for tuple batches, else ``metric.update(outputs, batch['labels'])``."""
-        target = batch["labels"] if isinstance(batch, dict) else batch[-1]
+        target = batch["labels"] if isinstance(batch, Mapping) else batch[-1]
         metric.update(outputs, target)
 
     def num_tokens(self, batch: Any) -> int:
         """Tokens in ``batch`` (for ``tok`` time units and throughput). Default: the element
-        count of ``input_ids`` when the batch is a dict that has it, else 0."""
-        if isinstance(batch, dict) and "input_ids" in batch:
+        count of ``input_ids`` when the batch is a mapping (a dict, a ``BatchEncoding``) that has it, else 0."""
+        if isinstance(batch, Mapping) and "input_ids" in batch:
             return int(batch["input_ids"].numel())
         return 0

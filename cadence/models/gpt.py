@@ -138,6 +138,13 @@ def gpt2(
     ``V*d + P*d + L*(12*d**2 + 13*d) + 2*d``, plus ``V*d`` when the output projection is
     untied (``tie_word_embeddings=False``).
 
+    Training FLOPs per token, for MFU (:meth:`HuggingFaceModel.flops_per_batch`, which
+    :class:`~cadence.callbacks.SpeedMonitor` reads): ``6 N + 12 L d T`` at sequence length
+    ``T`` (Chowdhery et al. 2022, "PaLM", Appendix B), with ``N = V*d + L*(12*d**2 + 13*d)
+    + 2*d`` the parameters that take part in matmuls (the position embedding is a look-up;
+    an untied input embedding is one too, and the untied output projection adds its own
+    ``V*d``). GPT-2 small at ``T = 1024``: 855,166,464 FLOPs per token.
+
     Args:
         n_layer: transformer blocks.
         n_head: attention heads per block; must divide ``n_embd``.

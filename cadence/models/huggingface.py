@@ -25,6 +25,7 @@ from transformers.models.auto.modeling_auto import (
 
 from cadence.models.base import ComposerModel
 from cadence.models.metrics import LanguageCrossEntropy, LanguagePerplexity
+from cadence.utils.flops import transformer_flops_per_token
 
 __all__ = ["HuggingFaceModel", "MetricsArg", "is_causal_lm", "is_sequence_classifier"]
 
@@ -127,6 +128,11 @@ class HuggingFaceModel(ComposerModel):
             internally for causal LMs; this flag only affects metrics.
         allow_embedding_resizing: if the tokenizer has more tokens than the model's input
             embedding, grow the embedding to ``len(tokenizer)``. Default ``False``: raise.
+        use_logits: Composer's flag. cadence's :meth:`eval_forward` returns the logits in
+            either case (its metric updates need them; Composer's ``False`` passes the whole
+            output to metrics, which its language metrics then unpack). With ``True``,
+            single-label logits ``[batch, 1]`` (regression heads) are squeezed to ``[batch]``
+            for the metrics, as in Composer. Default ``False``.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``, or a metric is not a torchmetrics Metric.
@@ -144,6 +150,7 @@ class HuggingFaceModel(ComposerModel):
         eval_metrics: MetricsArg = None,
         shift_labels: Optional[bool] = None,
         allow_embedding_resizing: bool = False,
+        use_logits: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
@@ -157,6 +164,7 @@ class HuggingFaceModel(ComposerModel):
         self._is_causal_lm = is_causal_lm(model)
         self._is_classifier = is_sequence_classifier(model)
         self.shift_labels = self._is_causal_lm if shift_labels is None else bool(shift_labels)
+        self.use_logits = bool(use_logits)
 
         if tokenizer is not None:
             self._check_vocab(tokenizer, allow_embedding_resizing)
@@ -270,7 +278,10 @@ class HuggingFaceModel(ComposerModel):
         (classifier). Reuses ``outputs`` of :meth:`forward` when given."""
         if outputs is None:
             outputs = self.forward(batch)
-        return self._logits(outputs)
+        logits = self._logits(outputs)
+        if self.use_logits and logits.ndim == 2 and logits.shape[1] == 1:
+            logits = logits.squeeze(dim=1)  # [batch, 1] -> [batch], as Composer
+        return logits
 
     def get_metrics(self, is_train: bool = False) -> dict[str, torchmetrics.Metric]:
         """Fresh (deep-copied) ``{name: metric}`` for training (``is_train``) or eval."""
@@ -344,21 +355,64 @@ class HuggingFaceModel(ComposerModel):
         return sum(p.numel() for p in self.model.parameters())
 
     def flops_per_batch(self, batch: Mapping[str, Any]) -> float:
-        """Approximate training FLOPs (forward + backward) for ``batch``: ``6 * N * T``.
+        """Model FLOPs of one training step (forward + backward) on ``batch``, for MFU.
 
-        ``N`` is :meth:`num_params` (embeddings included) and ``T`` the token positions the
-        model computes, ``input_ids.numel()`` (padding included: it costs compute). This
-        is the approximation of Kaplan et al. 2020, "Scaling Laws for Neural Language
-        Models", Sec. 2.1 (2N per token forward, 4N backward); it leaves out the attention
-        term ``~ 6 * n_layer * seq * d_model`` per token, small while ``seq << 12 d_model``,
-        and Kaplan's ``N`` excludes embeddings, so this slightly overstates small models.
-        For model FLOPs utilisation (MFU).
+        ``B * T * (6 N + 12 L H Q T)`` for ``input_ids [B, T]`` (Chowdhery et al. 2022,
+        "PaLM", Appendix B; :func:`cadence.utils.flops.transformer_flops_per_token`):
+
+        - ``N``: parameters that take part in matmuls: all of them but the embedding
+          look-up tables (``nn.Embedding`` weights, e.g. GPT-2's position embedding), except
+          a table tied to the output projection, which counts once as that projection.
+        - ``L H Q``: ``config.num_hidden_layers``, ``num_attention_heads`` and ``head_dim``
+          (default ``hidden_size / num_attention_heads``); a model whose config lacks them
+          gets the ``6 N`` term only.
+        - ``T``: the sequence length of ``input_ids``; padding positions count (they cost
+          compute). A batch without ``input_ids`` counts :meth:`num_tokens` tokens and no
+          attention term.
+
+        For GPT-2 small (124 M parameters, 123.65 M in matmuls) at ``T = 1024``: 855.2 M
+        FLOPs per token, 13 % of them the attention term.
         """
+        n_params, attention = self._flops_terms()
         if isinstance(batch, Mapping) and batch.get("input_ids") is not None:
-            n_tokens = int(batch["input_ids"].numel())
-        else:
-            n_tokens = self.num_tokens(batch)
-        return 6.0 * self.num_params() * n_tokens
+            input_ids = batch["input_ids"]
+            seq_len = int(input_ids.shape[-1])
+            return float(input_ids.numel()) * (6.0 * n_params + attention * seq_len)
+        return 6.0 * n_params * self.num_tokens(batch)
+
+    def _flops_terms(self) -> tuple[int, float]:
+        """``(N, 12 L H Q)`` of :meth:`flops_per_batch`, counted once (a walk over the
+        modules takes about 0.5 ms for GPT-2 124M) and again if the vocabulary is resized."""
+        embedding = self.model.get_input_embeddings() if hasattr(
+            self.model, "get_input_embeddings") else None
+        key = (id(embedding), getattr(embedding, "num_embeddings", None))
+        cached = self.__dict__.get("_flops_cache")
+        if cached is None or cached[0] != key:
+            cached = (key, self._count_flops_terms())
+            self.__dict__["_flops_cache"] = cached
+        return cached[1]
+
+    def _count_flops_terms(self) -> tuple[int, float]:
+        output = self.model.get_output_embeddings() if hasattr(
+            self.model, "get_output_embeddings") else None
+        tied = getattr(output, "weight", None)
+        seen: set[int] = set()
+        lookups = 0
+        for module in self.model.modules():
+            weight = getattr(module, "weight", None)
+            if isinstance(module, nn.Embedding) and weight is not tied and id(weight) not in seen:
+                seen.add(id(weight))
+                lookups += weight.numel()
+        config = self.config
+        layers = getattr(config, "num_hidden_layers", None)
+        heads = getattr(config, "num_attention_heads", None)
+        head_dim = getattr(config, "head_dim", None)
+        if head_dim is None and heads and getattr(config, "hidden_size", None):
+            head_dim = int(config.hidden_size) // int(heads)
+        attention = 0.0
+        if layers and heads and head_dim:
+            attention = transformer_flops_per_token(0, int(layers), int(heads), int(head_dim), 1)
+        return self.num_params() - lookups, attention
 
     # ----------------------------------------------------------------- helpers
 

@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cadence.trainer import dist, registry
 from cadence.trainer.config import (
-    ConfigError, ConfigProblem, Precision, TrainConfig, config_to_dict, validate_config,
+    ConfigError, ConfigProblem, Precision, TrainConfig, check_global_batch_size, config_to_dict,
+    validate_config,
 )
 
 if TYPE_CHECKING:
+    from cadence.trainer.parallel.config import ParallelismConfig
     from cadence.trainer.trainer import Trainer
 
 __all__ = ["build_trainer", "per_device_batch_size"]
@@ -32,11 +34,9 @@ def per_device_batch_size(global_batch_size: int, world_size: int) -> int:
     Raises:
         ConfigError: ``global_batch_size`` is not a multiple of ``world_size``.
     """
-    if global_batch_size % world_size != 0:
-        lower = max(world_size, global_batch_size // world_size * world_size)
-        raise ConfigError([ConfigProblem("global_train_batch_size", (
-            f"{global_batch_size} does not divide evenly over {world_size} ranks; use a "
-            f"multiple of {world_size} (e.g. {lower} or {lower + world_size})."))])
+    problems = check_global_batch_size(global_batch_size, world_size)
+    if problems:
+        raise ConfigError(problems)
     return global_batch_size // world_size
 
 
@@ -55,21 +55,30 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         The Trainer, ready for ``fit()``; ``hyperparameters`` holds the config as a plain dict.
 
     Raises:
-        ConfigError: the config has problems, the global batch size does not divide over
-            the ranks, or a component's constructor rejected its arguments with a
-            ``ValueError`` (the message names the section; the original is chained), or
-            the Trainer itself did (e.g. ``device: cuda`` on a machine without CUDA).
+        ConfigError: the config has problems (every check of
+            :func:`~cadence.trainer.config.load_config`, run again here: nothing is built
+            when one fails), or a component's constructor rejected its arguments with a
+            ``ValueError`` (the message names the section; the original is chained).
+            Errors of the Trainer itself (a checkpoint that does not load, a save folder in
+            use) are not config problems and propagate unchanged.
     """
     validate_config(cfg)
     from cadence.trainer.trainer import Trainer  # lazy: keep config loading light
     from cadence.utils.reproducibility import seed_all
 
-    world_size = dist.get_world_size()
-    train_batch = per_device_batch_size(cfg.global_train_batch_size, world_size)
+    from cadence.trainer.parallel import data_parallel_size, parse_parallelism_config
+    from cadence.trainer.parallel.compile import parse_compile_config
+
+    # parsed once, here where the run file enters; the Trainer and the plan take these
+    parallelism = parse_parallelism_config(cfg.parallelism_config)
+    compile_config = parse_compile_config(cfg.compile_config, prefix="compile_config")
+    # the ranks of one tensor-parallel group load the same samples
+    train_batch = per_device_batch_size(cfg.global_train_batch_size,
+                                        data_parallel_size(parallelism))
     eval_batch = cfg.device_eval_batch_size or train_batch
     seed_all(cfg.seed)
 
-    model = _build_model(cfg)
+    model = _build_model(cfg, parallelism)
     train_dataloader = _build("train_loader", registry.datasets, cfg.train_loader,
                               batch_size=train_batch)
     eval_dataloader = None
@@ -87,56 +96,64 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     callbacks = _build_all("callbacks", registry.callbacks, cfg.callbacks)
     loggers = _build_all("loggers", registry.loggers, cfg.loggers)
 
-    try:
-        return Trainer(
-            model=model,
-            train_dataloader=train_dataloader,
-            max_duration=cfg.max_duration,
-            eval_dataloader=eval_dataloader,
-            eval_interval=cfg.eval_interval,
-            eval_subset_num_batches=cfg.eval_subset_num_batches,
-            optimizers=optimizer,
-            schedulers=scheduler,
-            device_train_microbatch_size=cfg.device_train_microbatch_size,
-            precision=Precision(cfg.precision).value,
-            seed=cfg.seed,
-            algorithms=algorithms,
-            callbacks=callbacks,
-            loggers=loggers,
-            run_name=cfg.run_name,
-            device=cfg.device,
-            progress_bar=cfg.progress_bar,
-            log_interval=cfg.log_interval,
-            save_folder=cfg.save_folder,
-            hyperparameters=config_to_dict(cfg),
-            parallelism_config=cfg.parallelism_config,
-            compile_config=cfg.compile_config,
-            save_filename=cfg.save_filename,
-            save_interval=cfg.save_interval,
-            save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
-            save_overwrite=cfg.save_overwrite,
-            save_weights_only=cfg.save_weights_only,
-            save_latest_filename=cfg.save_latest_filename,
-            save_state_dict_type=cfg.save_state_dict_type,
-            load_path=cfg.load_path,
-            load_weights_only=cfg.load_weights_only,
-            load_strict_model_weights=cfg.load_strict_model_weights,
-            load_ignore_keys=list(cfg.load_ignore_keys),
-            autoresume=cfg.autoresume,
-        )
-    except ValueError as exc:  # a user-fixable argument, e.g. device: cuda without CUDA
-        problem = ConfigProblem("<Trainer>", f"the Trainer rejected the run: {exc}")
-        raise ConfigError([problem]) from exc
+    _share_tokenizer(model, train_dataloader)
+    return Trainer(
+        model=model,
+        train_dataloader=train_dataloader,
+        max_duration=cfg.max_duration,
+        eval_dataloader=eval_dataloader,
+        eval_interval=cfg.eval_interval,
+        eval_subset_num_batches=cfg.eval_subset_num_batches,
+        optimizers=optimizer,
+        schedulers=scheduler,
+        device_train_microbatch_size=cfg.device_train_microbatch_size,
+        precision=Precision(cfg.precision).value,
+        seed=cfg.seed,
+        algorithms=algorithms,
+        callbacks=callbacks,
+        loggers=loggers,
+        run_name=cfg.run_name,
+        device=cfg.device,
+        dist_timeout=cfg.dist_timeout,
+        progress_bar=cfg.progress_bar,
+        log_interval=cfg.log_interval,
+        save_folder=cfg.save_folder,
+        hyperparameters=config_to_dict(cfg),
+        parallelism_config=parallelism,
+        compile_config=compile_config,
+        save_filename=cfg.save_filename,
+        save_interval=cfg.save_interval,
+        save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
+        save_overwrite=cfg.save_overwrite,
+        save_weights_only=cfg.save_weights_only,
+        save_latest_filename=cfg.save_latest_filename,
+        save_state_dict_type=cfg.save_state_dict_type,
+        save_async=cfg.save_async,
+        load_path=cfg.load_path,
+        load_weights_only=cfg.load_weights_only,
+        load_strict_model_weights=cfg.load_strict_model_weights,
+        load_ignore_keys=list(cfg.load_ignore_keys),
+        autoresume=cfg.autoresume,
+    )
 
 
-def _build_model(cfg: TrainConfig) -> Any:
+def _share_tokenizer(model: Any, train_dataloader: Any) -> None:
+    """Give a model without a tokenizer (``gpt2`` trained from scratch) the tokenizer of its
+    training data (the text datasets keep theirs as ``dataset.tokenizer``), so checkpoints
+    carry it and ``cadence convert --to hf`` writes it next to the weights."""
+    if not hasattr(model, "tokenizer") or model.tokenizer is not None:
+        return
+    tokenizer = getattr(getattr(train_dataloader, "dataset", None), "tokenizer", None)
+    if tokenizer is not None:
+        model.tokenizer = tokenizer
+
+
+def _build_model(cfg: TrainConfig, parallelism: ParallelismConfig) -> Any:
     """The model; on the meta device on ranks other than 0 when FSDP's
     ``cpu_ram_efficient_loading`` is set (rank 0 reads the weights and broadcasts them after
     sharding). A builder that takes ``init_device`` is given ``init_device="meta"``; any
     other is called under ``torch.device("meta")``."""
-    from cadence.trainer.parallel.config import parse_parallelism_config
-
-    fsdp = parse_parallelism_config(cfg.parallelism_config).fsdp
+    fsdp = parallelism.fsdp
     if fsdp is None or not fsdp.cpu_ram_efficient_loading or dist.get_global_rank() == 0:
         return _build("model", registry.models, cfg.model)
     import inspect

@@ -33,6 +33,7 @@ import dataclasses
 import difflib
 import enum
 import inspect
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -45,12 +46,13 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from cadence.trainer import registry
+from cadence.trainer.arg_checks import Check, check_arg_values, greater_than, probe
 from cadence.trainer.core.time import Time, TimeUnit
 from cadence.trainer.precision import Precision
 
 __all__ = [
     "TrainConfig", "Precision", "ConfigError", "ConfigProblem", "load_config",
-    "validate_config", "config_to_dict", "LOADER_FILLED_ARGS",
+    "validate_config", "config_to_dict", "LOADER_FILLED_ARGS", "check_global_batch_size",
 ]
 
 #: Devices a run file may name; ``null`` means CUDA when available, else CPU.
@@ -75,7 +77,8 @@ class TrainConfig:
         train_loader: ``{name: <registered dataset or dotted path>, **kwargs}``; the builder
             passes ``batch_size`` itself. Required.
         run_name: names the run in logs and paths; default (from a file)
-            ``<file stem>-<YYYYmmdd-HHMMSS>``.
+            ``<file stem>-<YYYYmmdd-HHMMSS>``, or with ``autoresume`` the file stem alone (a
+            relaunch of the same file must find the earlier attempt's checkpoints).
         seed: seeds ``random``, NumPy and torch before the model is built (all ranks alike)
             and is passed to the Trainer; in ``[0, 2**32)``. Default 17 (llm-foundry's).
         eval_interval: how often to evaluate (Time string); default ``"1ep"``.
@@ -85,7 +88,10 @@ class TrainConfig:
         device_eval_batch_size: eval samples per rank per batch; ``None`` (default): the
             per-device train batch size.
         precision: ``fp32`` (default), ``amp_bf16`` or ``amp_fp16``.
-        device: ``None`` (default: CUDA when available, else CPU), ``"cpu"`` or ``"cuda"``.
+        device: ``None`` (default: CUDA when available, else CPU), ``"cpu"`` or ``"cuda"``;
+            ``cuda`` on a machine without CUDA is refused when the config is loaded.
+        dist_timeout: seconds a collective may wait for the other ranks before the job fails
+            (Composer's name; default 600); see the Trainer argument of the same name.
         progress_bar: show a progress bar; default True.
         log_interval: how often the training loss is logged (Time string); default ``"10ba"``.
         save_folder: where run artifacts go; default none.
@@ -96,12 +102,14 @@ class TrainConfig:
         algorithms: ``{name: {kwargs}}``, applied in this order.
         callbacks: ``{name: {kwargs}}``.
         loggers: ``{name: {kwargs}}``.
-        parallelism_config: ``{fsdp: {...}}`` shards with FSDP2 (keys and their FSDP2 meaning:
-            :mod:`cadence.trainer.parallel.config`); null: DDP when launched on several ranks.
+        parallelism_config: ``{fsdp: {...}, tp: {...}}``: ``fsdp`` shards with FSDP2 (keys and
+            their FSDP2 meaning: :mod:`cadence.trainer.parallel.config`), ``tp``
+            (``tensor_parallel_degree``, ``layer_plan``) adds tensor parallelism
+            (:mod:`cadence.trainer.parallel.tp`); null: DDP when launched on several ranks.
         compile_config: ``torch.compile`` settings (``{enabled, mode, fullgraph, dynamic,
             backend, per_block}``; see :mod:`cadence.trainer.parallel.compile`); null: none.
         save_filename, save_interval, save_num_checkpoints_to_keep, save_overwrite,
-        save_weights_only, save_latest_filename, save_state_dict_type, load_path,
+        save_weights_only, save_latest_filename, save_state_dict_type, save_async, load_path,
         load_weights_only, load_strict_model_weights, load_ignore_keys, autoresume: the
             Trainer's checkpoint arguments of the same names (checkpoints are written only
             when ``save_folder`` is set).
@@ -121,6 +129,7 @@ class TrainConfig:
     device_eval_batch_size: Optional[int] = None
     precision: Precision = Precision.FP32
     device: Optional[str] = None
+    dist_timeout: float = 600.0
     progress_bar: bool = True
     log_interval: str = "10ba"
     save_folder: Optional[str] = None
@@ -139,6 +148,7 @@ class TrainConfig:
     save_weights_only: bool = False
     save_latest_filename: str = "latest-{run_name}"
     save_state_dict_type: Optional[str] = None
+    save_async: bool = False
     load_path: Optional[str] = None
     load_weights_only: bool = False
     load_strict_model_weights: bool = True
@@ -216,6 +226,8 @@ _BATCH_KEY_FOR = {
 def load_config(
     source: Union[str, Path, Mapping[str, Any], DictConfig],
     overrides: Iterable[str] = (),
+    *,
+    world_size: Optional[int] = None,
 ) -> TrainConfig:
     """Load, merge, check and type a run config.
 
@@ -223,16 +235,22 @@ def load_config(
         source: a YAML file path, or the config as a mapping.
         overrides: ``key=value`` strings (dotted keys, YAML values), applied in order on top
             of ``source``: ``["seed=3", "model.n_layer=2", "callbacks.lr_monitor={}"]``.
+        world_size: the ranks the run will have, for the check that
+            ``global_train_batch_size`` divides over them; default: ``$WORLD_SIZE`` (set by
+            torchrun), else 1. ``cadence launch`` passes ``-n`` x ``--nnodes``.
 
     Returns:
         The typed config. ``run_name`` defaults to ``<file stem>-<YYYYmmdd-HHMMSS>`` when
-        ``source`` is a file, and stays ``None`` for a mapping.
+        ``source`` is a file (with ``autoresume: true``, to the stable ``<file stem>``), and
+        stays ``None`` for a mapping.
 
     Raises:
         ConfigError: listing every problem found (unknown keys with the closest allowed key,
             wrong types, bad enum values, bad Time strings, unknown component names, component
-            arguments that the component's signature does not take, missing required keys).
-            Nothing is built before this check.
+            arguments that the component's signature does not take, missing required keys,
+            argument values a component declares out of range or its constructor rejects,
+            see :mod:`cadence.trainer.arg_checks`; a global batch size that does not divide
+            over ``world_size``). Nothing is built before this check.
     """
     label = str(source) if isinstance(source, (str, Path)) else "<dict>"
     raw = _load_raw(source, label)
@@ -249,7 +267,7 @@ def load_config(
             [ConfigProblem("<root>", f"a run config is a mapping of keys, got {_show(plain)}.")],
             label,
         )
-    typed, problems = _check(plain)
+    typed, problems = _check(plain, world_size)
     if problems:
         raise ConfigError(_mark_overrides(problems, list(overrides)), label)
     try:
@@ -259,7 +277,9 @@ def load_config(
         raise ConfigError([ConfigProblem(str(key), _first_line(exc))], label) from None
     assert isinstance(cfg, TrainConfig)
     if cfg.run_name is None and isinstance(source, (str, Path)):
-        cfg.run_name = f"{Path(source).stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        stem = Path(source).stem  # autoresume: the same name on every launch of this file
+        cfg.run_name = stem if cfg.autoresume else (
+            f"{stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     return cfg
 
 
@@ -364,8 +384,11 @@ def _mark_overrides(problems: list[ConfigProblem], overrides: list[str]) -> list
 # Checking.
 
 
-def _check(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[ConfigProblem]]:
-    """Check every key of a plain config; return the OmegaConf-typed values and the problems."""
+def _check(
+    raw: Mapping[str, Any], world_size: Optional[int] = None
+) -> tuple[dict[str, Any], list[ConfigProblem]]:
+    """Check every key of a plain config; return the OmegaConf-typed values and the problems.
+    ``world_size`` defaults to ``$WORLD_SIZE``, else 1."""
     problems: list[ConfigProblem] = []
     hints = typing.get_type_hints(TrainConfig)
     allowed = [f.name for f in dataclasses.fields(TrainConfig)]
@@ -402,6 +425,14 @@ def _check(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[ConfigProblem]]
         for name, kwargs in (typed.get(section) or {}).items():
             path = f"{section}.{name}"
             problems.extend(_check_component(path, name, kwargs, _Section(reg), name_path=path))
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE") or 1)
+    from cadence.trainer.parallel.config import tensor_parallel_degree
+
+    # the batch splits over the data-parallel ranks (a tensor-parallel group shares one)
+    tp = tensor_parallel_degree(typed.get("parallelism_config"))
+    problems.extend(check_global_batch_size(typed.get("global_train_batch_size"),
+                                            max(1, world_size // tp)))
     return typed, problems
 
 
@@ -447,8 +478,83 @@ _EXAMPLE_NAME = {
 }
 
 
+def _positive_duration(value: str) -> bool:
+    try:
+        return Time.from_timestring(value).value > 0
+    except ValueError:
+        return True  # a malformed Time string is reported by the Time check below
+
+
+def _format_fields(allowed: tuple[str, ...], example: str) -> Callable[[str], bool]:
+    """A test that a ``str.format`` template uses only the ``allowed`` fields."""
+    import string
+
+    shown = ", ".join("{" + name + "}" for name in allowed)
+
+    def test(template: str) -> bool:
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+        except ValueError as exc:
+            raise ValueError(f"{template!r} is not a valid name template ({exc}); write fields "
+                             f"as {shown}, e.g. {example!r}.") from None
+        for name in fields:
+            if name.split(".")[0].split("[")[0] not in allowed:
+                raise ValueError(f"{template!r} has the field {{{name}}}, which is never filled "
+                                 f"in; allowed fields: {shown}, e.g. {example!r}.")
+        return True
+
+    return test
+
+
+def _device_available(device: str) -> bool:
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("'cuda' is not available on this machine (torch.cuda.is_available() "
+                             "is False); use device: cpu, or null to take CUDA where there is one.")
+    return True
+
+
+def _existing_checkpoint(path: str) -> bool:
+    if "://" in path or Path(path).exists():
+        return True
+    raise ValueError(f"{path!r} does not exist; give the path of a checkpoint (a .pt file or a "
+                     f"sharded checkpoint folder), or leave load_path unset.")
+
+
+#: Value checks of top-level keys beyond their type (see cadence.trainer.arg_checks.Check).
+_FIELD_CHECKS: dict[str, Check] = {
+    "max_duration": Check(_positive_duration, "a duration > 0, e.g. '1ep' or '100ba'"),
+    "save_filename": Check(_format_fields(("run_name", "epoch", "batch", "rank"),
+                                          "ep{epoch}-ba{batch}"), "a name template"),
+    "save_latest_filename": Check(_format_fields(("run_name",), "latest-{run_name}"),
+                                  "a name template"),
+    "device": Check(_device_available, "cpu, cuda or null"),
+    "load_path": Check(_existing_checkpoint, "an existing checkpoint"),
+    "dist_timeout": greater_than(0.0),
+}
+
+
+def check_global_batch_size(batch: Any, world_size: int) -> list[ConfigProblem]:
+    """``global_train_batch_size`` must split evenly over ``world_size`` ranks; the problem
+    (naming a multiple to use instead) or ``[]``. Values of the wrong type are left to the
+    type check."""
+    if not isinstance(batch, int) or batch < 1 or batch % world_size == 0:
+        return []
+    lower = max(world_size, batch // world_size * world_size)
+    return [ConfigProblem("global_train_batch_size", (
+        f"{batch} does not divide evenly over {world_size} ranks; use a multiple of "
+        f"{world_size} (e.g. {lower} or {lower + world_size}), or another number of ranks."))]
+
+
 def _check_field_value(key: str, value: Any) -> list[ConfigProblem]:
     """Checks on a typed top-level value beyond its type."""
+    check = _FIELD_CHECKS.get(key)
+    if check is not None and value is not None:
+        message = check.problem(value)
+        if message is not None:
+            return [ConfigProblem(key, message)]
     if key in _TIME_FIELDS and value is not None:
         try:
             time = Time.from_timestring(value)
@@ -569,7 +675,23 @@ def _check_arguments(
         if param.default is inspect.Parameter.empty and param.name not in kwargs:
             problems.append(ConfigProblem(
                 f"{path}.{param.name}", f"is required by {label} (it has no default)."))
+    if not problems:  # names and types fit: now the values (see cadence.trainer.arg_checks)
+        problems.extend(_check_values(path, kind, name, target, kwargs))
     return problems
+
+
+def _check_values(
+    path: str, kind: str, name: str, target: Callable[..., Any], kwargs: Mapping[str, Any]
+) -> list[ConfigProblem]:
+    """The declared value checks of ``target``, then (for cheap kinds) its constructor."""
+    declared = check_arg_values(target, kwargs)
+    if declared:
+        return [ConfigProblem(f"{path}.{key}", message) for key, message in declared]
+    rejected = probe(kind, target, kwargs)
+    if rejected is None:
+        return []
+    return [ConfigProblem(path, f"{kind} {name!r} rejects its arguments {dict(kwargs)!r}: "
+                                f"{rejected}")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -618,11 +740,17 @@ def _mismatch(hint: Any, default: Any, value: Any) -> Optional[str]:
         return None
     members = typing.get_args(hint) if _is_union(hint) else (hint,)
     allow_none = type(None) in members
-    members = tuple(m for m in members if m is not type(None))
+    # A YAML value is never a tensor: torch's ``lr: float | Tensor`` is checked as a float.
+    members = tuple(m for m in members if m is not type(None) and not _is_tensor_type(m))
+    if not members:
+        return None
+    hint = Union[members + ((type(None),) if allow_none else ())]  # type: ignore[assignment]
     if value is None:
         if allow_none or default is None:
             return None
         return f"is not allowed; expected {_describe(hint)}."
+    if len(members) == 1 and typing.get_origin(members[0]) is tuple:
+        return _tuple_mismatch(members[0], value)
     for member in members:
         if typing.get_origin(member) is Literal:
             continue
@@ -656,6 +784,33 @@ def _mismatch(hint: Any, default: Any, value: Any) -> Optional[str]:
     return f"is not {_describe(hint)}."
 
 
+def _is_tensor_type(hint: Any) -> bool:
+    return getattr(hint, "__name__", None) == "Tensor" and str(
+        getattr(hint, "__module__", "")).startswith("torch")
+
+
+def _tuple_mismatch(hint: Any, value: Any) -> Optional[str]:
+    """``tuple[X, Y]`` (exactly two items) or ``tuple[X, ...]`` (any number) against a
+    YAML list: its length, then each item against its hint."""
+    args = typing.get_args(hint)
+    variadic = len(args) == 2 and args[1] is Ellipsis
+    items = [args[0]] if variadic else list(args)
+    if variadic:
+        wanted = f"a list of values, each {_describe(items[0])}"
+    else:
+        wanted = (f"a list of exactly {len(items)} value{'s' if len(items) != 1 else ''} "
+                  f"({', '.join(_describe(a) for a in items)})")
+    if not isinstance(value, (list, tuple)):
+        return f"is not {wanted}."
+    if not variadic and len(value) != len(items):
+        return f"has {len(value)} item{'s' if len(value) != 1 else ''}; expected {wanted}."
+    for index, item in enumerate(value):
+        problem = _mismatch(items[0] if variadic else items[index], inspect.Parameter.empty, item)
+        if problem is not None:
+            return f"item {index}: {_show(item)} {problem}"
+    return None
+
+
 def _is_choice(hint: Any) -> bool:
     return typing.get_origin(hint) is Literal or (
         inspect.isclass(hint) and issubclass(hint, enum.Enum))
@@ -676,6 +831,8 @@ def _describe(hint: Any) -> str:
     members = typing.get_args(hint) if _is_union(hint) else (hint,)
     names = []
     for member in members:
+        if _is_tensor_type(member):
+            continue  # a YAML value is never a tensor
         if member is type(None):
             names.append("null")
         elif typing.get_origin(member) is Literal:

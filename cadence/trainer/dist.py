@@ -86,17 +86,23 @@ def get_node_rank() -> int:
     return _env_int("NODE_RANK", _env_int("GROUP_RANK", 0))
 
 
-def initialize_dist(device: str | torch.device = "cpu", timeout: float = 300.0) -> None:
+def initialize_dist(device: str | torch.device = "cpu", timeout: float = 600.0) -> None:
     """Create the default process group from torchrun's environment, if there is more than one
     process and no group yet. Backend: ``nccl`` for CUDA, ``gloo`` for CPU.
 
     Args:
         device: the device the run uses; picks the backend.
-        timeout: seconds a collective may wait before failing (default 300).
+        timeout: seconds a collective (and the group's creation) may wait for the other
+            ranks before it fails (default 600, Composer's ``dist_timeout``). A rank that
+            stops answering thus ends the job after ``timeout`` seconds instead of hanging it.
 
     Raises:
+        ValueError: ``timeout`` is not a positive number of seconds.
         RuntimeError: ``WORLD_SIZE > 1`` but ``MASTER_ADDR``/``MASTER_PORT`` are missing.
     """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"dist_timeout must be a positive number of seconds, got {timeout!r} "
+                         f"(default 600).")
     if is_initialized() or _env_int("WORLD_SIZE", 1) <= 1:
         return
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT", "RANK") if name not in os.environ]
@@ -182,12 +188,22 @@ def all_gather_object(obj: T) -> list[T]:
 
 
 def get_sampler(
-    dataset: torch.utils.data.Dataset, *, shuffle: bool, drop_last: bool = False, seed: int = 0,
-    num_replicas: Optional[int] = None, rank: Optional[int] = None,
+    dataset: torch.utils.data.Dataset, *, drop_last: bool = False, shuffle: bool = False,
+    seed: int = 0, num_replicas: Optional[int] = None, rank: Optional[int] = None,
 ) -> torch.utils.data.DistributedSampler:
     """A ``DistributedSampler`` over ``dataset`` for this rank, so each rank sees distinct
     samples. Use it for every map-style dataset in a multi-rank run; call
-    ``sampler.set_epoch(epoch)`` each epoch (the Trainer does this)."""
+    ``sampler.set_epoch(epoch)`` each epoch (the Trainer does this).
+
+    Args:
+        dataset: a map-style dataset.
+        drop_last: drop the tail so every rank gets the same number of samples (else the
+            tail is padded with repeated samples); default False, as in Composer.
+        shuffle: shuffle (seeded by ``seed`` and the epoch); default False, as in Composer.
+            Training loaders usually want ``shuffle=True``; pass it explicitly.
+        seed: the shuffle seed, the same on every rank; default 0 (cadence's addition).
+        num_replicas, rank: default the world size and this process's global rank.
+    """
     return torch.utils.data.DistributedSampler(
         dataset, num_replicas=get_world_size() if num_replicas is None else num_replicas,
         rank=get_global_rank() if rank is None else rank, shuffle=shuffle, seed=seed,

@@ -21,7 +21,8 @@ __all__ = [
 
 T = TypeVar("T")
 
-# Modules whose import registers cadence's built-in components.
+# Modules whose import registers cadence's built-in components. A package that imports its
+# modules lazily (cadence.algorithms, cadence.callbacks) names them in _REGISTERING_MODULES.
 _BUILTIN_MODULES = (
     "cadence.models.gpt",
     "cadence.algorithms",
@@ -29,6 +30,8 @@ _BUILTIN_MODULES = (
     "cadence.trainer.loggers",
     "cadence.trainer.data",
     "cadence.trainer.optim",
+    "cadence.trainer.schedulers",
+    "cadence.trainer.optimizers",
 )
 _builtins_loaded = False
 
@@ -38,7 +41,9 @@ def _load_builtins() -> None:
     if _builtins_loaded:
         return
     for module in _BUILTIN_MODULES:
-        importlib.import_module(module)
+        package = importlib.import_module(module)
+        for submodule in getattr(package, "_REGISTERING_MODULES", ()):
+            importlib.import_module(submodule)
     _builtins_loaded = True
 
 

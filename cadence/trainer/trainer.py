@@ -5,6 +5,7 @@ named steps. The order of events is documented on :class:`~cadence.Event`.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import os
 import time
@@ -12,26 +13,37 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 
+from cadence.devices import get_device
+from cadence.models.base import ComposerModel
 from cadence.trainer import dist
 from cadence.trainer.auto_microbatch import (
     alloc_retries, any_rank, is_out_of_memory, release_after_oom,
 )
 from cadence.trainer.checkpoint import load_checkpoint
-from cadence.trainer.checkpoint.resume import (
-    resolve_load_path, skip_consumed_batches, written_by,
-)
+from cadence.trainer.checkpoint.data_position import iter_epoch
+from cadence.trainer.checkpoint.lock import lock_save_folder, release_on_error
+from cadence.trainer.checkpoint.run_folder import check_autoresume_folder
+from cadence.trainer.checkpoint.resume import resolve_load_path, written_by
 from cadence.trainer.core import (
-    Algorithm, Callback, Engine, Evaluator, Event, State, Time, TimeLike, TimeUnit,
+    Algorithm, Callback, Engine, Evaluator, Event, State, Time, TimeLike, Timestamp, TimeUnit,
 )
+from cadence.trainer import trainer_options as options
+from cadence.trainer.eval_schedule import eval_due, parse_eval_interval
+from cadence.trainer.fit_args import apply_fit_arguments
 from cadence.trainer.loggers.logger import Logger, LoggerDestination
 from cadence.trainer.microbatch import batch_to_device, num_samples, slice_batch, split_batch
 from cadence.trainer.optim import compile_scheduler
 from cadence.trainer.parallel import (
-    is_fsdp, parallelize, parse_parallelism_config, remap_optimizer_params, unwrap_model,
+    ParallelPlan, data_parallel_rank, data_parallel_size, parallelize, parse_parallelism_config,
+    remap_optimizer_params, unwrap_model,
 )
-from cadence.trainer.parallel.compile import apply_compile, parse_compile_config
-from cadence.trainer.parallel.data import check_distributed_sampler, real_samples_on_rank
+from cadence.trainer.parallel.compile import parse_compile_config
+from cadence.trainer.parallel.elastic import check_resume_layout, mesh_layout
+from cadence.trainer.parallel.data import (
+    align_sampler_with_data_parallel, check_distributed_sampler, real_samples_on_rank,
+)
 from cadence.trainer.precision import Precision, get_precision_context
+from cadence.trainer.predict import predict_loop
 from cadence.utils.reproducibility import seed_all
 
 __all__ = ["Trainer"]
@@ -39,19 +51,6 @@ __all__ = ["Trainer"]
 log = logging.getLogger(__name__)
 
 EvalDataloader = Union[Iterable[Any], Evaluator, Sequence[Evaluator]]
-
-
-def _resolve_device(device: Union[str, torch.device, None]) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    resolved = torch.device(device)
-    if resolved.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {str(device)!r} is not supported; use 'cpu' or 'cuda' (or None).")
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but no CUDA device is available; use 'cpu'.")
-    if resolved.type == "cuda" and resolved.index is None:
-        resolved = torch.device("cuda", dist.get_local_rank())
-    return resolved
 
 
 def _as_evaluators(eval_dataloader: Optional[EvalDataloader]) -> list[Evaluator]:
@@ -114,10 +113,17 @@ class Trainer:
         seed: seeds ``random``, NumPy and torch with ``seed + global rank``; default: a random
             seed, kept in ``state.rank_zero_seed`` and logged.
         algorithms: :class:`~cadence.Algorithm` s, run in this order (reversed on ``AFTER_*``).
+        algorithm_passes: extra ordering passes for the algorithms (Composer's argument): a
+            function ``(algorithms, event) -> algorithms``, a ``(pass, index)`` pair, or a
+            list of these; see :mod:`cadence.core.passes`.
         callbacks: :class:`~cadence.Callback` s.
         loggers: :class:`~cadence.trainer.loggers.LoggerDestination` s.
         run_name: names the run in logs and paths; default ``run-<unix time>``.
         device: ``"cpu"``, ``"cuda"`` or None (CUDA when available, else CPU).
+        dist_timeout: seconds a collective may wait for the other ranks before it fails
+            (Composer's name; default 600), set on the process group. A rank that stops
+            answering (hung, ``SIGSTOP``) then ends the job with an error naming it, instead
+            of hanging it forever.
         progress_bar: add a progress destination (a tqdm bar on a terminal, plain lines in
             logs) unless ``loggers`` already has one.
         log_interval: how often the training loss is logged (``"10ba"``; an int means batches),
@@ -126,17 +132,24 @@ class Trainer:
         save_folder: where run artifacts go (metrics, later checkpoints); ``{run_name}`` in it
             is filled in. The file logger writes there unless given its own folder.
         hyperparameters: logged once through every logger destination (e.g. the YAML config).
-        parallelism_config: ``{"fsdp": {...}}`` (see :mod:`cadence.trainer.parallel.config`)
-            shards the model with FSDP2; without it, a run of several ranks uses DDP.
-        compile_config: ``torch.compile`` per transformer block (or the whole model), applied
-            after INIT's model surgery and before sharding; see
-            :mod:`cadence.trainer.parallel.compile`. Default: no compile.
+        parallelism_config: ``{"fsdp": {...}, "tp": {...}}`` or a parsed
+            :class:`~cadence.trainer.parallel.ParallelismConfig` (see
+            :mod:`cadence.trainer.parallel.config`): ``fsdp`` shards the model with FSDP2,
+            ``tp`` adds tensor parallelism (the ranks of a tp group load the same batches);
+            without it, a run of several ranks uses DDP.
+        compile_config: ``torch.compile`` per transformer block (or the whole model), a dict
+            or a :class:`~cadence.trainer.parallel.compile.CompileConfig`; applied by the
+            parallelize plan after activation checkpointing and before TP and sharding; see
+            :mod:`cadence.trainer.parallel.plan`. Default: no compile.
         save_filename, save_interval, save_num_checkpoints_to_keep, save_overwrite,
         save_weights_only, save_latest_filename: checkpointing into ``save_folder`` (a
             :class:`~cadence.callbacks.CheckpointSaver` is added when ``save_folder`` is set
             and ``save_interval`` is not None); see that class for each.
         save_state_dict_type: ``full`` or ``sharded``; default ``full``, or the fsdp config's
             ``state_dict_type`` (``sharded``) in an FSDP run.
+        save_async: write checkpoints in a background thread; the loop waits only while the
+            state is copied to CPU memory (see ``CheckpointSaver``'s ``save_async``). Default
+            False.
         load_path: a checkpoint to start from (a ``.pt`` file or a sharded directory).
         load_weights_only: take only the model's weights from ``load_path``.
         load_strict_model_weights: the model's keys must match the checkpoint's.
@@ -145,12 +158,28 @@ class Trainer:
         autoresume: continue from the newest complete checkpoint of this ``run_name`` in
             ``save_folder`` (bit-exact on the same world size), else start fresh (or from
             ``load_path``). Needs ``save_folder`` and an explicit ``run_name``.
+        train_dataloader_label, train_subset_num_batches, scale_schedule_ratio,
+        step_schedulers_every_batch, log_to_console, console_stream, console_log_interval,
+        auto_log_hparams, profiler: Composer's (see :mod:`cadence.trainer.trainer_options`):
+            the train dataloader's label; batches per epoch (``-1``: all); a factor on
+            ``max_duration`` and the schedulers; step schedulers per batch (default: per
+            batch unless a torch ``LRScheduler`` is given, then per epoch); a plain console
+            logger every ``console_log_interval`` (default ``log_interval``) to
+            ``console_stream`` (``'stdout'``, ``'stderr'`` or a stream); log the Trainer's
+            arguments as hyperparameters; a profiler callback. ``device`` also takes
+            ``'gpu'`` and a :class:`~cadence.devices.Device`; ``eval_interval`` also takes a
+            callable ``(state, event) -> bool``; ``run_name`` defaults to
+            ``$CADENCE_RUN_NAME``, ``$COMPOSER_RUN_NAME`` or ``$RUN_NAME``.
 
     Raises:
         ValueError / TypeError: for bad arguments, naming the argument and the fix, before any
             event fires.
+        SaveFolderInUse: another live run holds ``save_folder`` (its lock file
+            ``cadence.lock`` names the run's host, PID and start time); see
+            :mod:`cadence.trainer.checkpoint.lock`.
     """
 
+    @release_on_error("_run_lock")  # a failed __init__ does not keep the save folder locked
     def __init__(
         self,
         model: torch.nn.Module,
@@ -165,10 +194,12 @@ class Trainer:
         precision: Union[str, Precision] = "fp32",
         seed: Optional[int] = None,
         algorithms: Union[Algorithm, Sequence[Algorithm]] = (),
+        algorithm_passes: Any = None,
         callbacks: Union[Callback, Sequence[Callback]] = (),
         loggers: Union[LoggerDestination, Sequence[LoggerDestination]] = (),
         run_name: Optional[str] = None,
         device: Union[str, torch.device, None] = None,
+        dist_timeout: float = 600.0,
         progress_bar: bool = True,
         log_interval: TimeLike = "10ba",
         save_folder: Optional[str] = None,
@@ -182,12 +213,23 @@ class Trainer:
         save_weights_only: bool = False,
         save_latest_filename: str = "latest-{run_name}",
         save_state_dict_type: Optional[str] = None,
+        save_async: bool = False,
         load_path: Optional[str] = None,
         load_weights_only: bool = False,
         load_strict_model_weights: bool = True,
         load_ignore_keys: Sequence[str] = (),
         autoresume: bool = False,
+        train_dataloader_label: str = "train",
+        train_subset_num_batches: int = -1,
+        scale_schedule_ratio: float = 1.0,
+        step_schedulers_every_batch: Optional[bool] = None,
+        log_to_console: bool = False,
+        console_stream: Any = None,
+        console_log_interval: Optional[TimeLike] = None,
+        auto_log_hparams: bool = False,
+        profiler: Any = None,
     ) -> None:
+        init_args = dict(locals()) if auto_log_hparams else {}
         self._check_model(model)
         self._auto_microbatch = device_train_microbatch_size == "auto"
         if self._auto_microbatch:
@@ -201,16 +243,31 @@ class Trainer:
             )
         if len(_as_list(optimizers)) > 1:
             raise ValueError("Only one optimizer is supported; put parameter groups in one optimizer.")
-        self.eval_interval = Time.from_input(eval_interval, TimeUnit.EPOCH)
+        self.eval_interval = parse_eval_interval(eval_interval)
+        self.scale_schedule_ratio = float(scale_schedule_ratio)
+        self.train_dataloader_label = train_dataloader_label
+        self.step_schedulers_every_batch = options.steps_schedulers_every_batch(
+            _as_list(schedulers), step_schedulers_every_batch)
         self.log_interval = Time.from_input(log_interval, TimeUnit.BATCH)
         self.eval_subset_num_batches = int(eval_subset_num_batches)
         self.parallelism_config = parse_parallelism_config(parallelism_config)
         self.compile_config = parse_compile_config(compile_config, prefix="compile_config")
-        device_obj = _resolve_device(device)
-        dist.initialize_dist(device_obj)
+        device_obj = get_device(device).torch_device  # 'cpu', 'gpu', 'cuda:1', a Device
+        dist.initialize_dist(device_obj, timeout=dist_timeout)
         check_distributed_sampler(train_dataloader, "train_dataloader")
-        run_name, rank_zero_seed = _agree_across_ranks(run_name, seed)
-        seed_all(rank_zero_seed + dist.get_global_rank())
+        # data-parallel ranks load (and seed) apart; the ranks of one tensor-parallel group alike
+        self._dp_size = data_parallel_size(self.parallelism_config)
+        self._dp_rank = data_parallel_rank(self.parallelism_config)
+        align_sampler_with_data_parallel(train_dataloader, "train_dataloader", self._dp_size,
+                                         self._dp_rank)
+        if autoresume and (save_folder is None
+                           or (run_name or options.run_name_from_env()) is None):
+            raise ValueError("autoresume=True needs save_folder and an explicit run_name (or "
+                             "CADENCE_RUN_NAME), to find the run's checkpoints: a default run "
+                             "name is new on every launch.")
+        run_name, rank_zero_seed = _agree_across_ranks(run_name or options.run_name_from_env(),
+                                                       seed)
+        seed_all(rank_zero_seed + self._dp_rank)
 
         self.state = State(
             model=model,
@@ -218,36 +275,36 @@ class Trainer:
             run_name=run_name,
             save_folder=None if save_folder is None else save_folder.format(run_name=run_name),
             device=device_obj,
-            max_duration=self._parse_duration(max_duration),
+            max_duration=options.scale_duration(self._parse_duration(max_duration),
+                                                scale_schedule_ratio),
             precision=Precision.parse(precision).value,
             device_train_microbatch_size=device_train_microbatch_size,
             train_dataloader=train_dataloader,
-            dataloader_len=_dataloader_len(train_dataloader),
+            dataloader_label=train_dataloader_label if train_dataloader is not None else None,
+            dataloader_len=options.subset_len(_dataloader_len(train_dataloader),
+                                              train_subset_num_batches),
             evaluators=_as_evaluators(eval_dataloader),
             algorithms=_as_list(algorithms),
-            callbacks=_as_list(callbacks),
+            callbacks=_as_list(callbacks) + options.profiler_callbacks(profiler),
         )
+        # one run per save folder (rank 0 locks it; released by close() or at exit)
+        self._run_lock = lock_save_folder(self.state.save_folder, run_name)
         destinations = _as_list(loggers)
-        if progress_bar and not any(getattr(d, "is_progress", False) for d in destinations):
-            from cadence.trainer.loggers import default_progress_destination
-
-            progress = default_progress_destination(progress_bar, self.log_interval)
-            if progress is not None:
-                destinations.append(progress)
-        if autoresume and (save_folder is None or run_name is None):
-            raise ValueError("autoresume=True needs save_folder and an explicit run_name, to "
-                             "find the run's checkpoints.")
-        self._add_fsdp_activation_checkpointing()
-        self.hyperparameters = dict(hyperparameters or {})
+        destinations += options.console_destinations(
+            destinations, progress_bar, log_to_console, console_stream,
+            console_log_interval or self.log_interval)
+        self.hyperparameters = {**options.extract_hparams(init_args), **(hyperparameters or {})}
         self.hyperparameters.setdefault("rank_zero_seed", rank_zero_seed)
         self._add_checkpoint_saver(
             save_interval=save_interval, filename=save_filename,
             latest_filename=save_latest_filename,
             num_checkpoints_to_keep=save_num_checkpoints_to_keep, overwrite=save_overwrite,
             weights_only=save_weights_only, state_dict_type=save_state_dict_type,
-            autoresume=autoresume)
+            autoresume=autoresume, save_async=save_async)
         self.logger = Logger(self.state, destinations)
-        self.engine = Engine(self.state, self.logger, destinations)
+        if isinstance(model, ComposerModel):
+            model.logger = self.logger  # Composer's ComposerModel.logger
+        self.engine = Engine(self.state, self.logger, algorithm_passes, destinations=destinations)
 
         self.engine.run_event(Event.INIT)
         self._parallelize(_as_list(optimizers))
@@ -259,9 +316,14 @@ class Trainer:
             save_latest_filename.format(run_name=self.state.run_name), load_path,
             run_name=self.state.run_name)
         if path is not None:
+            if not (load_weights_only and not resuming):  # refused before anything loads
+                check_resume_layout(path, self.state, self.parallelism_config, load_ignore_keys)
             load_checkpoint(self.state, path, weights_only=load_weights_only and not resuming,
                             strict=load_strict_model_weights, ignore_keys=load_ignore_keys)
-            log.info("Loaded checkpoint %s at %s", path, self.state.timestamp)
+            log.info("%s checkpoint %s at %s", "Resumed from" if resuming else "Loaded",
+                     path, self.state.timestamp)
+            # which checkpoint this run started from, in every logger destination too
+            self.hyperparameters["loaded_checkpoint"] = str(path)
         self.engine.run_event(Event.AFTER_LOAD)
         self.logger.log_hyperparameters(self.hyperparameters)
 
@@ -282,7 +344,7 @@ class Trainer:
                                 **kwargs)
         if not (autoresume or kwargs["overwrite"]):
             existing = find_latest_checkpoint(
-                saver.folder(state), saver.latest_template.format(run_name=state.run_name),
+                saver.folder_path(state), saver.latest_filename.format(run_name=state.run_name),
                 belongs=lambda path: written_by(path, state.run_name))
             if existing is not None:
                 raise ValueError(
@@ -290,42 +352,40 @@ class Trainer:
                     f"autoresume=True to continue that run, save_overwrite=True to replace its "
                     f"checkpoints, or choose another save_folder / run_name."
                 )
+        if autoresume:  # another run's checkpoints there: refused now, not at the first save
+            check_autoresume_folder(state.save_folder, state.run_name, kwargs["filename"])
         state.callbacks.append(saver)
-
-    def _add_fsdp_activation_checkpointing(self) -> None:
-        """``fsdp.activation_checkpointing: true`` (Composer's key) adds the algorithm, unless
-        the run already has one."""
-        fsdp = self.parallelism_config.fsdp
-        if fsdp is None or not (fsdp.activation_checkpointing or fsdp.activation_cpu_offload):
-            return
-        from cadence.algorithms.activation_checkpointing import ActivationCheckpointing
-
-        if not any(isinstance(a, ActivationCheckpointing) for a in self.state.algorithms):
-            self.state.algorithms.append(
-                ActivationCheckpointing(every_n=1 if fsdp.activation_checkpointing else 0,
-                                        offload_to_cpu=fsdp.activation_cpu_offload))
 
     def _checkpoint_metadata(self) -> dict[str, Any]:
         """The run's config, and for a HuggingFaceModel what export needs to rebuild it."""
         from cadence.trainer.checkpoint.export import huggingface_metadata
 
-        return {"config": self.hyperparameters, **huggingface_metadata(self.state.model)}
+        return {"config": self.hyperparameters, "mesh": mesh_layout(self.parallelism_config),
+                **huggingface_metadata(self.state.model)}
 
     def _parallelize(self, optimizers: list[torch.optim.Optimizer]) -> None:
-        """The parallelize plan: move the model to the device, compile it (per block), then
-        shard (FSDP2) or replicate (DDP) it. A user's optimizer is pointed at the sharded
-        parameters, which FSDP2 creates anew."""
+        """Move the model to the device and apply the parallelize plan once (activation
+        checkpointing, compile, TP, FSDP2 / DDP; :mod:`cadence.trainer.parallel.plan`). A
+        user's optimizer is pointed at the parameters TP and FSDP2 create anew."""
         state = self.state
         module = state.model
         if not any(t.is_meta for t in module.parameters()):
             module.to(state.device)
         names = {id(p): n for n, p in module.named_parameters()}
-        apply_compile(module, self.compile_config)
-        state.model = parallelize(module, self.parallelism_config, state.device, state.precision)
+        plan = ParallelPlan(self.parallelism_config, self.compile_config, state.device,
+                            state.precision)
+        state.model = parallelize(module, plan)
         self._module = unwrap_model(state.model)
-        if is_fsdp(state.model):
+        if any(id(p) not in names for p in self._module.parameters()):
             for optimizer in optimizers:
                 remap_optimizer_params(optimizer, names, self._module)
+        self._align_eval_samplers()
+
+    def _align_eval_samplers(self) -> None:
+        """Eval samplers split over the data-parallel ranks (a TP group evaluates together)."""
+        for evaluator in self.state.evaluators:
+            align_sampler_with_data_parallel(evaluator.dataloader, f"eval {evaluator.label!r}",
+                                             self._dp_size, self._dp_rank)
 
     @staticmethod
     def _check_model(model: Any) -> None:
@@ -341,16 +401,33 @@ class Trainer:
         if max_duration is None:
             return None
         duration = Time.from_input(max_duration, TimeUnit.EPOCH)
-        if duration.unit == TimeUnit.DURATION:
-            raise ValueError(f"max_duration cannot be in 'dur' ({duration}); use ep, ba, sp or tok.")
+        if duration.unit in (TimeUnit.DURATION, TimeUnit.ITERATION):
+            raise ValueError(f"max_duration cannot be in '{duration.unit.value}' ({duration}); use "
+                             f"ep, ba, sp, tok or sec.")
         return duration
+
+    def _wall_clock_lap(self) -> datetime.timedelta:
+        """Wall clock since the last batch (or epoch end, or ``fit`` start), for the timestamp's
+        ``*_wct`` clocks. When ``max_duration`` or ``eval_interval`` is in ``sec``, every rank
+        takes rank 0's, so all ranks stop and evaluate at the same batch."""
+        now = time.perf_counter()
+        seconds, self._last_wall_clock = now - self._last_wall_clock, now
+        state = self.state
+        if dist.get_world_size() > 1 and TimeUnit.SECOND in (
+                getattr(state.max_duration, "unit", None),
+                getattr(self.eval_interval, "unit", None)):
+            shared = torch.tensor([seconds], dtype=torch.float64, device=state.device)
+            dist.broadcast(shared, src=0)
+            seconds = float(shared.item())
+        return datetime.timedelta(seconds=seconds)
 
     def _build_optimizers(self, optimizers: list[Any], schedulers: list[Any]) -> None:
         state = self.state
         if not optimizers:
             optimizers = [torch.optim.AdamW(state.model.parameters(), lr=1e-3)]
         state.optimizers = optimizers
-        state.schedulers = [compile_scheduler(s, optimizers[0], state) for s in schedulers]
+        state.schedulers = [compile_scheduler(s, optimizers[0], state, self.scale_schedule_ratio)
+                            for s in schedulers]
         self.grad_scaler = (
             torch.amp.GradScaler(state.device.type)
             if state.precision == Precision.AMP_FP16.value else None
@@ -375,22 +452,81 @@ class Trainer:
             state.eval_metrics[evaluator.label] = {k: m.to(state.device) for k, m in metrics.items()}
 
     # ------------------------------------------------------------------ fit
-    def fit(self) -> None:
+    def fit(self, *, train_dataloader: Optional[Iterable[Any]] = None,
+            train_dataloader_label: str = "train", train_subset_num_batches: int = -1,
+            spin_dataloaders: Optional[bool] = None, duration: Optional[TimeLike] = None,
+            reset_time: bool = False, schedulers: Any = None, scale_schedule_ratio: float = 1.0,
+            step_schedulers_every_batch: Optional[bool] = None,
+            eval_dataloader: Optional[EvalDataloader] = None, eval_subset_num_batches: int = -1,
+            eval_interval: Any = 1, device_train_microbatch_size: Union[int, str, None] = None,
+            precision: Union[str, Precision, None] = None) -> None:
         """Train until ``max_duration`` (or until a callback sets ``state.stop_training``).
 
+        Composer's arguments change the run before it starts; see
+        :func:`~cadence.trainer.fit_args.apply_fit_arguments`. ``duration`` trains that much
+        more (``max_duration`` becomes now + ``duration``); ``reset_time`` starts the
+        timestamp from 0; ``eval_interval`` and ``eval_subset_num_batches`` apply with
+        ``eval_dataloader``; ``spin_dataloaders`` has no effect (cadence resumes a dataloader
+        from the checkpoint's data position).
+
         Raises:
-            ValueError: no train dataloader or no max_duration was given.
+            ValueError: no train dataloader or no max_duration was given; a bad argument.
         """
+        del spin_dataloaders
+        apply_fit_arguments(
+            self, train_dataloader=train_dataloader, train_dataloader_label=train_dataloader_label,
+            train_subset_num_batches=train_subset_num_batches, duration=duration,
+            reset_time=reset_time, schedulers=schedulers, scale_schedule_ratio=scale_schedule_ratio,
+            step_schedulers_every_batch=step_schedulers_every_batch,
+            eval_dataloader=eval_dataloader, eval_subset_num_batches=eval_subset_num_batches,
+            eval_interval=eval_interval, device_train_microbatch_size=device_train_microbatch_size,
+            precision=precision)
         state = self.state
         if state.train_dataloader is None or state.max_duration is None:
             raise ValueError("fit() needs both train_dataloader and max_duration on the Trainer.")
         if state.dataloader_len == 0:
             raise ValueError("The train dataloader is empty (len 0); check batch_size and drop_last.")
         state.stop_training = False
+        self._last_wall_clock = time.perf_counter()  # timestamp.total_wct counts from here
         self.engine.run_event(Event.FIT_START)
         while not self._training_done():
             self._train_epoch()
         self.engine.run_event(Event.FIT_END)
+
+    def predict(self, dataloader: Iterable[Any], subset_num_batches: int = -1, *,
+                return_outputs: bool = True) -> list[Any]:
+        """The model's outputs on every batch of ``dataloader`` (Composer's
+        ``Trainer.predict``, firing the ``PREDICT_*`` events; see
+        :func:`~cadence.trainer.predict.predict_loop`).
+
+        Returns:
+            The outputs of each batch, on the CPU, when ``return_outputs``; else ``[]``.
+        """
+        return predict_loop(self.state, self.engine, dataloader, subset_num_batches,
+                            return_outputs)
+
+    def save_checkpoint(self, name: str = "ep{epoch}-ba{batch}-rank{rank}", *,
+                        weights_only: bool = False) -> Optional[str]:
+        """Save a checkpoint now (Composer's ``Trainer.save_checkpoint``); call on every rank.
+        ``name`` takes ``{run_name}``, ``{epoch}``, ``{batch}``, ``{rank}`` and lands in
+        ``save_folder`` (else the working directory), in the run's state-dict type (a full
+        one gets ``.pt``). Returns the checkpoint's path."""
+        from cadence.callbacks.checkpoint_saver import CheckpointSaver
+
+        run_saver = next((c for c in self.state.callbacks if isinstance(c, CheckpointSaver)), None)
+        fsdp = self.parallelism_config.fsdp
+        saver = CheckpointSaver(  # its own: the run's saver keeps its rotation list
+            folder=self.state.save_folder or ".", overwrite=True, symlink_filename=None,
+            state_dict_type=run_saver.state_dict_type if run_saver else "full" if fsdp is None
+            else fsdp.state_dict_type, metadata=self._checkpoint_metadata())
+        path = saver.save(self.state, self.logger, filename=name, weights_only=weights_only)
+        return None if path is None else str(path)
+
+    def _step_schedulers(self, every_batch: bool) -> None:
+        """Step the schedulers after each batch or each epoch (``step_schedulers_every_batch``)."""
+        if every_batch == self.step_schedulers_every_batch:
+            for scheduler in self.state.schedulers:
+                scheduler.step()
 
     def _training_done(self) -> bool:
         state = self.state
@@ -402,21 +538,20 @@ class Trainer:
         self.engine.run_event(Event.EPOCH_START)
         sampler = getattr(state.train_dataloader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(state.timestamp.epoch)
+            sampler.set_epoch(int(state.timestamp.epoch))
         for batch in self._iter_train_batches():
             state.batch = batch
             self._train_batch()
             self.engine.run_event(Event.BATCH_END)
-            if self._eval_due(after_epoch=False):
-                self._eval_all()
+            self._eval_all(Event.BATCH_END)
             self.engine.run_event(Event.BATCH_CHECKPOINT)
             if self._training_done() and not self._epoch_exhausted():
                 break
         else:
-            state.timestamp = state.timestamp.to_next_epoch()
+            state.timestamp = state.timestamp.to_next_epoch(self._wall_clock_lap())
+            self._step_schedulers(every_batch=False)
             self.engine.run_event(Event.EPOCH_END)
-            if self._eval_due(after_epoch=True):
-                self._eval_all()
+            self._eval_all(Event.EPOCH_END)
             self.engine.run_event(Event.EPOCH_CHECKPOINT)
 
     def _epoch_exhausted(self) -> bool:
@@ -431,11 +566,11 @@ class Trainer:
         once per batch; an unsized one fires it once more at exhaustion.
         """
         state = self.state
-        if state.timestamp.batch_in_epoch > 0:  # resumed mid-epoch: skip what was consumed
-            iterator, remaining = skip_consumed_batches(state.train_dataloader,
-                                                        state.timestamp.batch_in_epoch)
-        else:
-            iterator, remaining = iter(state.train_dataloader), state.dataloader_len  # type: ignore[arg-type]
+        length = state.dataloader_len
+        # the epoch's iterator; resumed mid-epoch, the rest of the checkpoint's epoch
+        iterator, remaining = iter_epoch(state.train_dataloader, int(state.timestamp.epoch),
+                                         int(state.timestamp.batch_in_epoch),
+                                         None if length is None else int(length))
         while remaining is None or remaining > 0:
             self.engine.run_event(Event.BEFORE_DATALOADER)
             try:
@@ -465,12 +600,12 @@ class Trainer:
                 self.grad_scaler.unscale_(optimizer)
         engine.run_event(Event.AFTER_TRAIN_BATCH)
         self._optimizer_step()
-        world = dist.get_world_size()
-        self._timestamp_before_batch = state.timestamp
-        state.timestamp = state.timestamp.to_next_batch(batch_size * world, num_tokens * world)
-        for scheduler in state.schedulers:
-            scheduler.step()
-        step = state.timestamp.batch
+        world = self._dp_size  # ranks with their own samples (a TP group shares one batch)
+        state.previous_timestamp = state.timestamp
+        state.timestamp = state.timestamp.to_next_batch(batch_size * world, num_tokens * world,
+                                                        self._wall_clock_lap())
+        self._step_schedulers(every_batch=True)
+        step = int(state.timestamp.batch)
         if step == 1 or step % self.log_interval.value == 0 or self._training_done():
             self._log_train_metrics()
 
@@ -587,59 +722,75 @@ class Trainer:
         self.logger.log_metrics(metrics)
 
     # ------------------------------------------------------------------ eval
-    def _eval_due(self, after_epoch: bool) -> bool:
-        """Whether to evaluate now: on ``eval_interval`` boundaries, and when training ends."""
-        state = self.state
-        if not state.evaluators:
-            return False
-        assert state.max_duration is not None
-        interval = state.to_time(self.eval_interval)
-        ends_in_epochs = state.max_duration.unit == TimeUnit.EPOCH
-        if after_epoch:
-            on_boundary = interval.unit == TimeUnit.EPOCH and interval.value > 0 and (
-                state.timestamp.epoch % interval.value == 0
-            )
-            return on_boundary or (ends_in_epochs and self._training_done())
-        if interval.unit == TimeUnit.EPOCH:
-            return not ends_in_epochs and self._training_done()
-        # ba / sp / tok: evaluate when the last batch crossed a multiple of the interval.
-        now = state.timestamp.get(interval.unit).value
-        before = self._timestamp_before_batch.get(interval.unit).value
-        on_boundary = interval.value > 0 and now // interval.value > before // interval.value
-        return on_boundary or (self._training_done() and not ends_in_epochs)
-
     def eval(self, eval_dataloader: Optional[EvalDataloader] = None,
-             subset_num_batches: Optional[int] = None) -> dict[str, float]:
-        """Evaluate now, on the Trainer's evaluators or on ``eval_dataloader``.
+             subset_num_batches: Optional[int] = -1) -> dict[str, float]:
+        """Evaluate now (Composer's ``Trainer.eval``), on the Trainer's evaluators or, for this
+        call only, on ``eval_dataloader`` (a dataloader, an Evaluator or a list of them).
+
+        Fires ``EVAL_STANDALONE_START``, the eval events (``EVAL_BEFORE_ALL`` ...
+        ``EVAL_AFTER_ALL``, which cadence's callbacks such as EMA hang on; Composer fires
+        them inside ``fit`` only), then ``EVAL_STANDALONE_END``.
+
+        Args:
+            eval_dataloader: what to evaluate on instead of the Trainer's evaluators.
+            subset_num_batches: batches per evaluator; ``-1`` (or None): each evaluator's
+                ``subset_num_batches``, else the Trainer's ``eval_subset_num_batches``.
 
         Returns:
             ``{"metrics/<label>/<name>": value}`` for every evaluator's metrics.
-        """
-        if eval_dataloader is not None:
-            self.state.evaluators = _as_evaluators(eval_dataloader)
-            self._build_metrics()
-        if not self.state.evaluators:
-            raise ValueError("eval() needs an eval_dataloader (on the Trainer or passed here).")
-        if subset_num_batches is not None:
-            self.eval_subset_num_batches = subset_num_batches
-        return self._eval_all()
 
-    def _eval_all(self) -> dict[str, float]:
+        Raises:
+            ValueError: no eval dataloader on the Trainer or here.
+        """
+        state = self.state
+        kept_evaluators, kept_metrics = state.evaluators, dict(state.eval_metrics)
+        if eval_dataloader is not None:
+            state.evaluators = _as_evaluators(eval_dataloader)
+            self._align_eval_samplers()
+            self._build_metrics()
+        if not state.evaluators:
+            raise ValueError("eval() needs an eval_dataloader (on the Trainer or passed here).")
+        self.engine.run_event(Event.EVAL_STANDALONE_START)
+        try:
+            results = self._eval_all(subset_num_batches=subset_num_batches)
+        finally:
+            if eval_dataloader is not None:  # the Trainer's own evaluators are unchanged
+                state.evaluators = kept_evaluators
+                state.eval_metrics.update(kept_metrics)
+        self.engine.run_event(Event.EVAL_STANDALONE_END)
+        return results
+
+    def _eval_all(self, event: Optional[Event] = None,
+                  subset_num_batches: Optional[int] = -1) -> dict[str, float]:
+        """Run the evaluators that are due after ``event`` (all of them when None)."""
+        state = self.state
+        due = [e for e in state.evaluators if event is None or eval_due(
+            state, self.eval_interval if e.eval_interval is None
+            else parse_eval_interval(e.eval_interval, f"Evaluator {e.label!r} eval_interval"),
+            event)]
+        if not due:
+            return {}
         self.engine.run_event(Event.EVAL_BEFORE_ALL)
         results: dict[str, float] = {}
-        for evaluator in self.state.evaluators:
-            results.update(self._eval_one(evaluator))
+        for evaluator in due:
+            limit = subset_num_batches
+            if limit is None or limit == -1:
+                limit = (self.eval_subset_num_batches if evaluator.subset_num_batches is None
+                         else evaluator.subset_num_batches)
+            results.update(self._eval_one(evaluator, int(limit)))
         self.engine.run_event(Event.EVAL_AFTER_ALL)
         return results
 
-    def _eval_one(self, evaluator: Evaluator) -> dict[str, float]:
+    def _eval_one(self, evaluator: Evaluator, limit: int) -> dict[str, float]:
         state, engine = self.state, self.engine
         metrics = state.eval_metrics.get(evaluator.label, {})
         for metric in metrics.values():
             metric.reset()
+        train_loader = (state.dataloader, state.dataloader_label, state.dataloader_len)
+        state.set_dataloader(evaluator.dataloader, evaluator.label)  # as Composer, during eval
+        state.eval_timestamp = Timestamp()
         engine.run_event(Event.EVAL_START)
         state.model.eval()
-        limit = self.eval_subset_num_batches
         real_left = real_samples_on_rank(evaluator.dataloader)  # None: no padded copies
         with torch.no_grad():
             for index, batch in enumerate(evaluator.dataloader):
@@ -665,6 +816,8 @@ class Trainer:
                 if real_left is None or keep > 0:
                     for metric in metrics.values():
                         self._module.update_metric(batch_, outputs, metric)
+                state.eval_timestamp = state.eval_timestamp.to_next_batch(
+                    num_samples(state.batch), self._num_tokens(state.batch))
                 engine.run_event(Event.EVAL_BATCH_END)
         results = {
             f"metrics/{evaluator.label}/{name}": float(metric.compute())
@@ -673,9 +826,13 @@ class Trainer:
         self.logger.log_metrics(results)
         engine.run_event(Event.EVAL_END)
         state.model.train()
+        state.set_dataloader(*train_loader)
         return results
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
-        """Close every algorithm, callback and logger destination (idempotent)."""
+        """Close every algorithm, callback and logger destination, and release the save
+        folder's lock (idempotent)."""
         self.engine.close()
+        if self._run_lock is not None:
+            self._run_lock.release()

@@ -72,6 +72,32 @@ def test_smoothing_from_half_life_and_arguments() -> None:
         EMA(half_life="0.5dur")
 
 
+def test_compute_ema_takes_a_module_as_composer() -> None:
+    import inspect
+
+    from cadence.algorithms import compute_ema
+
+    params = inspect.signature(compute_ema).parameters
+    assert list(params) == ["model", "ema_model", "smoothing"]
+    assert params["smoothing"].default == 0.99
+    model, ema_model = torch.nn.BatchNorm1d(2), torch.nn.BatchNorm1d(2)
+    with torch.no_grad():
+        model.weight.fill_(3.0)
+        model.running_mean.fill_(1.0)
+        ema_model.weight.fill_(1.0)
+        ema_model.running_mean.fill_(0.0)
+    compute_ema(model, ema_model, smoothing=0.75)
+    assert ema_model.weight.tolist() == [1.5, 1.5]  # 0.75 * 1 + 0.25 * 3
+    assert ema_model.running_mean.tolist() == [0.25, 0.25]  # buffers too
+    assert int(ema_model.num_batches_tracked) == 0  # integer buffers are not averaged
+    assert model.weight.tolist() == [3.0, 3.0]  # the model is untouched
+    shadow = {"weight": torch.zeros(2)}
+    compute_ema(model, shadow)  # the dict form, default smoothing 0.99
+    assert shadow["weight"].tolist() == pytest.approx([0.03, 0.03])
+    with pytest.raises(ValueError, match="smoothing"):
+        compute_ema(model, ema_model, smoothing=1.5)
+
+
 @pytest.mark.parametrize("kwargs, start, every", [
     ({"smoothing": 0.5}, 0, 1),
     ({"smoothing": 0.7, "update_interval": "2ba"}, 0, 2),

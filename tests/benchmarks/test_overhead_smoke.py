@@ -98,7 +98,7 @@ def test_gpt2_124m_flops_per_token():
 
 @pytest.mark.parametrize("name, peak", [
     ("NVIDIA H100 80GB HBM3", 989.4), ("NVIDIA H200", 989.4), ("NVIDIA H100 PCIe", 756.0),
-    ("NVIDIA H100 NVL", 835.0), ("NVIDIA A100-SXM4-80GB", 312.0), ("Tesla T4", None),
+    ("NVIDIA H100 NVL", 835.5), ("NVIDIA A100-SXM4-80GB", 312.0), ("Tesla T4", None),
 ])
 def test_peak_lookup(name, peak):
     assert load_gpu_throughput().peak_tflops(name) == peak

@@ -229,5 +229,5 @@ def test_threshold_stopper_ends_a_real_run_at_the_right_batch() -> None:
     trainer.fit()
     trainer.close()
     assert trainer.state.timestamp.batch == 3
-    steps, values = memory.get_timeseries("metrics/eval/Score")
+    steps, values = memory.steps_and_values("metrics/eval/Score")
     assert values == pytest.approx([0.1, 0.5, 0.95])  # the trainer logged what was checked

@@ -24,8 +24,8 @@ def test_logs_each_param_group() -> None:
     optimizer.param_groups[0]["lr"] = 2e-3
     state.timestamp = state.timestamp.to_next_batch(samples=8)
     monitor.batch_end(state, logger)
-    assert memory.data["lr-AdamW/group0"] == [(1, 1e-3), (2, 2e-3)]
-    assert memory.data["lr-AdamW/group1"] == [(1, 5e-4), (2, 5e-4)]
+    assert memory.steps_and_values("lr-AdamW/group0") == ([1, 2], [1e-3, 2e-3])
+    assert memory.steps_and_values("lr-AdamW/group1") == ([1, 2], [5e-4, 5e-4])
     monitor.close()
     monitor.close()
 

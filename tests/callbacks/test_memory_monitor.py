@@ -19,10 +19,10 @@ def test_logs_positive_rss_on_cpu() -> None:
                       max_duration="5ba", seed=0, progress_bar=False,
                       callbacks=[MemoryMonitor(log_interval=2)], loggers=[memory], device="cpu")
     trainer.fit()
-    steps, rss = memory.get_timeseries("memory/rss_bytes")
+    steps, rss = memory.steps_and_values("memory/rss_bytes")
     assert steps == [1, 2, 4]  # the first step, then every log_interval
     assert all(isinstance(v, int) and v > 10 * 2**20 for v in rss)  # a Python + torch process
-    _, peak = memory.get_timeseries("memory/peak_rss_bytes")
+    _, peak = memory.steps_and_values("memory/peak_rss_bytes")
     assert all(p >= r for p, r in zip(peak, rss))
     assert not any(key.startswith("memory/allocated") for key in memory.data)  # CUDA only
 

@@ -27,25 +27,26 @@ class ReferenceNorms(Callback):
         params = [p for p in state.model.parameters() if p.grad is not None]
         # max_norm=inf: returns the total norm and leaves the gradients unchanged.
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm=math.inf)
-        self.grad[state.timestamp.batch + 1] = float(norm)
+        self.grad[int(state.timestamp.batch) + 1] = float(norm)
 
     def batch_end(self, state: State, logger: Any) -> None:
         squares = sum(float(p.detach().pow(2).sum()) for p in state.model.parameters())
-        self.param[state.timestamp.batch] = math.sqrt(squares)
+        self.param[int(state.timestamp.batch)] = math.sqrt(squares)
 
 
 def test_grad_norm_matches_clip_grad_norm() -> None:
     memory, reference = InMemoryLogger(), ReferenceNorms()
     trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(num_batches=5),
                       max_duration="5ba", seed=0, progress_bar=False,
-                      callbacks=[OptimizerMonitor(log_interval=2), reference], loggers=[memory])
+                      callbacks=[OptimizerMonitor(batch_log_interval=2), reference],
+                      loggers=[memory])
     trainer.fit()
     trainer.close()
-    steps, grads = memory.get_timeseries("l2_norm/grad/global")
-    assert steps == [1, 2, 4]  # the first step, then every log_interval
+    steps, grads = memory.steps_and_values("l2_norm/grad/global")
+    assert steps == [2, 4]  # multiples of batch_log_interval, as in Composer
     assert grads == pytest.approx([reference.grad[s] for s in steps], rel=1e-6)
-    steps, params = memory.get_timeseries("l2_norm/param/global")
-    assert steps == [1, 2, 4]
+    steps, params = memory.steps_and_values("l2_norm/param/global")
+    assert steps == [2, 4]
     assert params == pytest.approx([reference.param[s] for s in steps], rel=1e-6)
     assert not any(key.startswith("l2_norm/grad/net") for key in memory.data)
 
@@ -54,7 +55,8 @@ def test_per_layer_norms_add_up_to_the_global_norm() -> None:
     memory = InMemoryLogger()
     trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(num_batches=1),
                       max_duration="1ba", seed=0, progress_bar=False,
-                      callbacks=[OptimizerMonitor(log_per_layer=True)], loggers=[memory])
+                      callbacks=[OptimizerMonitor(batch_log_interval=1, log_per_layer=True)],
+                      loggers=[memory])
     trainer.fit()
     values = memory.most_recent_values
     names = [name for name, _ in SimpleModel().named_parameters()]
@@ -65,10 +67,50 @@ def test_per_layer_norms_add_up_to_the_global_norm() -> None:
 
 
 def test_rejects_a_bad_interval() -> None:
-    with pytest.raises(ValueError, match="log_interval"):
-        OptimizerMonitor(log_interval=0)
-    with pytest.raises(ValueError, match="log_interval"):
-        OptimizerMonitor(log_interval="1ep")
+    with pytest.raises(ValueError, match="batch_log_interval"):
+        OptimizerMonitor(batch_log_interval=0)
+    with pytest.raises(ValueError, match="batch_log_interval"):
+        OptimizerMonitor(batch_log_interval="1ep")
+
+
+def test_composer_signature_and_defaults() -> None:
+    import inspect
+
+    params = inspect.signature(OptimizerMonitor).parameters
+    assert list(params)[:2] == ["log_optimizer_metrics", "batch_log_interval"]
+    monitor = OptimizerMonitor()
+    assert monitor.log_optimizer_metrics is True and monitor.batch_log_interval == 10
+    with pytest.warns(DeprecationWarning, match="batch_log_interval"):
+        assert OptimizerMonitor(log_interval=3).batch_log_interval == 3
+
+
+def test_logs_decoupled_adamw_per_parameter_metrics() -> None:
+    from cadence.trainer.optimizers import DecoupledAdamW
+
+    memory = InMemoryLogger()
+    torch.manual_seed(0)
+    model = SimpleModel()
+    optimizer = DecoupledAdamW(model.parameters(), lr=1e-2)
+    trainer = Trainer(model=model, train_dataloader=make_dataloader(num_batches=2),
+                      max_duration="2ba", seed=0, progress_bar=False, optimizers=optimizer,
+                      callbacks=[OptimizerMonitor(batch_log_interval=2)], loggers=[memory])
+    trainer.fit()
+    trainer.close()
+    values = memory.most_recent_values
+    for name, param in trainer.state.model.named_parameters():
+        moment = optimizer.state[param]["exp_avg"]
+        assert values[f"l2_norm/moment/{name}"] == pytest.approx(float(moment.norm()), rel=1e-6)
+        norm = float(param.detach().norm())
+        assert values[f"l2_norm/param/{name}"] == pytest.approx(norm, rel=1e-6)
+        assert f"l2_norm/update/{name}" in values
+    quiet = InMemoryLogger()
+    trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(num_batches=2),
+                      max_duration="2ba", seed=0, progress_bar=False,
+                      optimizers=DecoupledAdamW(SimpleModel().parameters()),
+                      callbacks=[OptimizerMonitor(False, 2)], loggers=[quiet])
+    trainer.fit()
+    trainer.close()
+    assert not any(key.startswith("l2_norm/moment/") for key in quiet.most_recent_values)
 
 
 def _full_batch_grad_norm(seed: int, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -95,7 +137,7 @@ def test_global_grad_norm_under_ddp_and_fsdp_equals_one_process() -> None:
         memory = InMemoryLogger()
         trainer = Trainer(model=model, train_dataloader=loader, max_duration="1ba", seed=0,
                           progress_bar=False, run_name="norms",
-                          callbacks=[OptimizerMonitor(log_interval=1)], loggers=[memory],
+                          callbacks=[OptimizerMonitor(batch_log_interval=1)], loggers=[memory],
                           parallelism_config=parallelism)
         trainer.fit()
         trainer.close()

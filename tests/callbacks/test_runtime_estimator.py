@@ -97,6 +97,6 @@ def test_logs_in_a_real_run() -> None:
                       eval_interval="2ba", max_duration="4ba", seed=0, progress_bar=False,
                       callbacks=[RuntimeEstimator()], loggers=[memory])
     trainer.fit()
-    steps, values = memory.get_timeseries(KEY)
+    steps, values = memory.steps_and_values(KEY)
     assert steps == [2, 3, 4]
     assert all(v >= 0.0 for v in values) and values[-1] == 0.0

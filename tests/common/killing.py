@@ -77,7 +77,7 @@ class KillAt(Callback):
         return True
 
     def batch_end(self, state: State, logger: Any) -> None:
-        batch = state.timestamp.batch
+        batch = int(state.timestamp.batch)
         if batch in self.batches and self._first_time("batch_end", batch):
             kill_now()
 
@@ -85,7 +85,7 @@ class KillAt(Callback):
         import cadence.callbacks.checkpoint_saver as saver_module
         import cadence.trainer.checkpoint.checkpoint as checkpoint_module
 
-        batch = state.timestamp.batch
+        batch = int(state.timestamp.batch)
         if batch in self.during_save and self._first_time("during_save", batch):
             checkpoint_module.os = _KillOnReplace()  # type: ignore[assignment]
         if batch in self.before_pointer and self._first_time("before_pointer", batch):

@@ -211,11 +211,18 @@ def test_num_tokens_counts_attention_mask() -> None:
     assert model.num_tokens(batch) == 2 * SEQ
 
 
-def test_flops_per_batch_is_six_n_t() -> None:
+def test_flops_per_batch_is_palm_count() -> None:
+    """6 N + 12 L H Q T per token (PaLM App. B), N without the position-embedding look-up;
+    the tied token embedding counts once (as the output projection), an untied one not."""
     model = HuggingFaceModel(tiny_gpt2())
     n_params = sum(p.numel() for p in model.model.parameters())
     assert model.num_params() == n_params
-    assert model.flops_per_batch(lm_batch()) == 6 * n_params * 2 * SEQ
+    n_matmul = n_params - 16 * 16  # wpe: n_positions x n_embd
+    attention = 12 * 2 * 2 * 8 * SEQ  # L=2, H=2, Q=16/2, T=SEQ
+    assert model.flops_per_batch(lm_batch()) == 2 * SEQ * (6 * n_matmul + attention)
+    untied = HuggingFaceModel(tiny_gpt2(tie_word_embeddings=False))
+    assert untied.num_params() == n_params + VOCAB * 16
+    assert untied.flops_per_batch(lm_batch()) == model.flops_per_batch(lm_batch())
 
 
 def test_layer_classes_and_wrap_fns() -> None:

@@ -437,15 +437,19 @@ def test_build_trainer_names_the_section_a_constructor_rejected(
         build_trainer(cfg)
 
 
-def test_build_trainer_reports_what_the_trainer_rejected(
+def test_build_trainer_does_not_call_the_trainers_own_errors_config_problems(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A Trainer error (a checkpoint that does not load, a save folder in use) is not a
+    "problem in run config": it propagates as it is."""
+
     class RefusingTrainer(RecordingTrainer):
         def __init__(self, **kwargs: Any) -> None:
-            raise ValueError("device 'cuda' was asked for but no CUDA device is available")
+            raise ValueError("checkpoint /x/ep1.pt is corrupt")
 
     module = types.ModuleType("cadence.trainer.trainer")
     module.Trainer = RefusingTrainer  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "cadence.trainer.trainer", module)
-    with pytest.raises(ConfigError, match=r"<Trainer>: the Trainer rejected the run: device"):
+    with pytest.raises(ValueError, match=r"^checkpoint /x/ep1.pt is corrupt$") as info:
         build_trainer(load_config(write(tmp_path, VALID)))
+    assert not isinstance(info.value, ConfigError)

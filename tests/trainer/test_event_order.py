@@ -45,12 +45,15 @@ def test_event_order_2ep_3ba_2mb_eval_every_epoch() -> None:
     assert trainer.state.timestamp.sample == 24
 
 
-def test_every_event_fires_in_a_run_with_eval() -> None:
+def test_every_event_fires_in_a_run_with_eval_then_eval_and_predict() -> None:
     counter = EventCounter()
     trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(),
                       eval_dataloader=make_dataloader(seed=1), max_duration="1ep",
                       callbacks=[counter], progress_bar=False, seed=0)
     trainer.fit()
+    assert not any(e.is_predict or "standalone" in e.value for e in counter.counts)
+    trainer.eval()
+    trainer.predict(make_dataloader(num_batches=1, seed=2))
     assert set(counter.counts) == set(Event)
 
 

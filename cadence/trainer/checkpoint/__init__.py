@@ -1,9 +1,33 @@
-"""Checkpoints: full (one file) and sharded (DCP) formats, atomic saves, exact resume."""
+"""Checkpoints: full (one file) and sharded (DCP) formats, atomic saves, exact resume.
 
-from cadence.trainer.checkpoint.checkpoint import (
-    CheckpointError, SafeLoadPlanner, load_checkpoint, read_metadata, save_checkpoint,
-)
-from cadence.trainer.checkpoint.files import find_latest_checkpoint, is_complete
+The names below are imported on first use, so a light submodule (``.lock``, ``.files``,
+``.errors``) does not pull in ``torch.distributed.checkpoint`` through this package.
+"""
 
-__all__ = ["CheckpointError", "SafeLoadPlanner", "find_latest_checkpoint", "is_complete",
-           "load_checkpoint", "read_metadata", "save_checkpoint"]
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cadence._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from cadence.trainer.checkpoint.checkpoint import (
+        SafeLoadPlanner, load_checkpoint, read_metadata, save_checkpoint,
+    )
+    from cadence.trainer.checkpoint.errors import CheckpointError, CheckpointWriteError
+    from cadence.trainer.checkpoint.files import find_latest_checkpoint, is_complete
+
+__all__ = ["CheckpointError", "CheckpointWriteError", "SafeLoadPlanner",
+           "find_latest_checkpoint", "is_complete", "load_checkpoint", "read_metadata",
+           "save_checkpoint"]
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "CheckpointError": "cadence.trainer.checkpoint.errors",
+    "CheckpointWriteError": "cadence.trainer.checkpoint.errors",
+    "SafeLoadPlanner": "cadence.trainer.checkpoint.checkpoint",
+    "find_latest_checkpoint": "cadence.trainer.checkpoint.files",
+    "is_complete": "cadence.trainer.checkpoint.files",
+    "load_checkpoint": "cadence.trainer.checkpoint.checkpoint",
+    "read_metadata": "cadence.trainer.checkpoint.checkpoint",
+    "save_checkpoint": "cadence.trainer.checkpoint.checkpoint",
+})

@@ -15,8 +15,21 @@ Formats:
   shards, plus ``extra.pt`` (timestamp, schedulers, RNG, metadata) from rank 0. DCP reshards
   on load, so N ranks' checkpoint loads on M ranks.
 
-Every ``torch.load`` here uses ``weights_only=True`` (DCP's own pickled values included,
-through :class:`SafeLoadPlanner`). Source: PyTorch DCP docs; torchtitan's checkpointing.
+Integrity (see :mod:`~cadence.trainer.checkpoint.manifest`,
+:mod:`~cadence.trainer.checkpoint.safe_unpickle`, :mod:`~cadence.trainer.checkpoint.writing`):
+
+- No code runs from a checkpoint: every ``torch.load`` here uses ``weights_only=True`` (DCP's
+  own pickled values included, through :class:`SafeLoadPlanner`), and DCP's ``.metadata`` is
+  read by :class:`~cadence.trainer.checkpoint.safe_unpickle.SafeFileSystemReader`.
+- No corrupt byte loads silently: each file's CRC32C is computed while it is written and
+  stored with it (a full file's in its zip comment, a sharded directory's in
+  ``manifest.json``); loading checks every file before any tensor is used (after the
+  restricted unpickling, so a hostile file is reported as such). A checkpoint without
+  checksums (written before cadence had them) loads with a warning.
+- A failed save removes its temporary on every rank and says which file it was writing and
+  which checkpoint is intact.
+
+Source: PyTorch DCP docs; torchtitan's checkpointing.
 """
 
 from __future__ import annotations
@@ -24,10 +37,12 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import io
+import logging
 import os
 import secrets
 import shutil
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -42,19 +57,27 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from cadence.trainer import dist
-from cadence.trainer.checkpoint.files import EXTRA_FILE, METADATA_FILE, TMP_MARK, is_complete
+from cadence.trainer.checkpoint.data_position import load_data_position, save_data_position
+from cadence.trainer.checkpoint.errors import CheckpointError
+from cadence.trainer.checkpoint.files import (
+    EXTRA_FILE, METADATA_FILE, TMP_MARK, is_complete, remove_temporary, temporary_path,
+)
+from cadence.trainer.checkpoint.manifest import verify_checkpoint
 from cadence.trainer.checkpoint.rng import get_rng_state, set_rng_state
+from cadence.trainer.checkpoint.safe_unpickle import SafeFileSystemReader, refused_global
+from cadence.trainer.checkpoint.writing import (
+    raise_if_save_failed, write_full_file, write_sharded_dir,
+)
 from cadence.trainer.core.state import State
 from cadence.trainer.core.time import Timestamp
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_metadata", "not_loadable",
-           "SafeLoadPlanner", "CheckpointError"]
+           "verify", "SafeLoadPlanner", "CheckpointError", "collect_checkpoint",
+           "rename_into_place"]
 
 FORMATS = ("full", "sharded")
 
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, truncated, corrupt or does not fit the run (names the file)."""
+log = logging.getLogger(__name__)
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -133,10 +156,41 @@ def _fsync_dir(path: Path) -> None:
 
 
 def save_checkpoint(state: State, path: Path, fmt: str = "full", weights_only: bool = False,
-                    metadata: Optional[dict[str, Any]] = None) -> Path:
+                    metadata: Optional[dict[str, Any]] = None, checksums: bool = True) -> Path:
     """Write a checkpoint of ``state`` at ``path`` (a ``.pt`` file for ``full``, a directory
     for ``sharded``), atomically: written under a temporary name, renamed when every rank
     is done. Call on every rank.
+
+    Args:
+        checksums: record each file's CRC32C, computed while writing (default). Off only
+            to measure what it costs.
+
+    Raises:
+        ValueError: unknown ``fmt``.
+        CheckpointWriteError: writing failed on some rank (e.g. no space left on device); the
+            temporary was removed and the previous checkpoint is intact.
+    """
+    tensors, extra = collect_checkpoint(state, fmt, weights_only, metadata)
+    full = fmt == "full"
+    token = [secrets.token_hex(4)]
+    dist.broadcast_object_list(token)
+    tmp = temporary_path(path, state.run_name, token[0])
+    rank0 = dist.get_global_rank() == 0
+    _write_temporary(tensors, extra, path, tmp, full, state.run_name, checksums)
+    if rank0:
+        rename_into_place(tmp, path)
+    dist.barrier()
+    return path
+
+
+def collect_checkpoint(state: State, fmt: str, weights_only: bool = False,
+                       metadata: Optional[dict[str, Any]] = None
+                       ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a checkpoint of ``state`` holds, as ``(tensors, extra)`` (a collective: call on
+    every rank). ``tensors``: model, optimizers, algorithm and callback state (for ``full``
+    gathered to CPU, the full tensors on rank 0); ``extra``: metadata, timestamp, schedulers,
+    every rank's RNG state, the data position. The values may share memory with the live
+    model (copy them before training on, as the asynchronous save does).
 
     Raises:
         ValueError: unknown ``fmt``.
@@ -160,36 +214,40 @@ def save_checkpoint(state: State, path: Path, fmt: str = "full", weights_only: b
     if not weights_only:
         extra["schedulers"] = [s.state_dict() for s in state.schedulers]
         extra["rng"] = dist.all_gather_object(get_rng_state())
-    token = [secrets.token_hex(4)]
-    dist.broadcast_object_list(token)
-    tmp = path.with_name(f"{path.name}{TMP_MARK}{token[0]}")
-    rank0 = dist.get_global_rank() == 0
-    if full:
-        if rank0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                torch.save({**tensors, **extra}, f)
-                f.flush()
-                os.fsync(f.fileno())
-    else:
-        if rank0:
-            tmp.mkdir(parents=True, exist_ok=True)
-        dist.barrier()
-        with _single_process_dcp():
-            dcp.save(tensors, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
-        if rank0:
-            with open(tmp / EXTRA_FILE, "wb") as f:
-                torch.save(extra, f)
-                f.flush()
-                os.fsync(f.fileno())
-    dist.barrier()  # every rank's part is on disk
-    if rank0:
-        if path.is_dir() or (path.exists() and tmp.is_dir()):  # overwrite; the caller checked
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-        os.replace(tmp, path)  # over a file, atomic: the old one is readable until replaced
-        _fsync_dir(path.parent)
-    dist.barrier()
-    return path
+        extra["data"] = save_data_position(state)  # the train dataloader's epoch, per rank
+    return tensors, extra
+
+
+def rename_into_place(tmp: Path, path: Path) -> None:
+    """Rename the finished temporary ``tmp`` to the checkpoint's final ``path`` (rank 0,
+    once every rank's part is on disk), replacing a checkpoint of that name (the caller
+    checked it may), and sync the folder."""
+    if path.is_dir() or (path.exists() and tmp.is_dir()):  # overwrite; the caller checked
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    os.replace(tmp, path)  # over a file, atomic: the old one is readable until replaced
+    _fsync_dir(path.parent)
+
+
+def _write_temporary(tensors: dict[str, Any], extra: dict[str, Any], path: Path, tmp: Path,
+                     full: bool, run_name: str, checksums: bool) -> None:
+    """Write the checkpoint under ``tmp`` (rank 0 for ``full``, every rank for ``sharded``);
+    when this returns, every rank's part is on disk. A failure anywhere removes ``tmp`` and
+    raises on every rank (:func:`~cadence.trainer.checkpoint.writing.raise_if_save_failed`)."""
+    failure: Optional[BaseException] = None
+    try:
+        if full:
+            if dist.get_global_rank() == 0:
+                write_full_file({**tensors, **extra}, path, tmp, run_name, checksums)
+        else:
+            with _single_process_dcp():
+                write_sharded_dir(tensors, extra, tmp, run_name, checksums)
+    except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
+        failure = exc
+    except BaseException:  # interrupted: no collective, just do not leave the temporary
+        if dist.get_global_rank() == 0:
+            remove_temporary(tmp)
+        raise
+    raise_if_save_failed(failure, tmp, path)
 
 
 def not_loadable(path: Path) -> str:
@@ -212,9 +270,12 @@ def _dcp_failure(exc: BaseException) -> str:
     ``BaseException`` whose ``str`` is every rank's whole traceback): ``rank 0:
     FileNotFoundError: ... '<dir>/__0_0.distcp'``."""
     def one(err: BaseException) -> str:
-        refused = _refused_global(err)
+        if isinstance(err, CheckpointError):  # raised by SafeFileSystemReader: names the file
+            return str(err)
+        refused = refused_global(err)
         if refused is not None:
-            return f"torch.load(weights_only=True) refuses an object in it ({refused})"
+            return (f"it holds an object that is not allowed in a checkpoint "
+                    f"(torch.load(weights_only=True) refuses {refused})")
         return f"{type(err).__name__}: {str(err)[:300]}"
 
     if isinstance(exc, CheckpointException):
@@ -223,27 +284,19 @@ def _dcp_failure(exc: BaseException) -> str:
     return one(exc)
 
 
-def _refused_global(exc: BaseException) -> Optional[str]:
-    """``Unsupported global: GLOBAL pkg.Class ...`` when ``exc`` is torch.load's
-    weights_only refusal (its message is mostly advice on loading unsafely), else None."""
-    text = str(exc)
-    if "WeightsUnpickler error: Unsupported global:" not in text:
-        return None  # random bytes also fail in the WeightsUnpickler, as another error
-    return text.split("WeightsUnpickler error:", 1)[1].split(". Please", 1)[0].strip()
-
-
 def _torch_load(path: Path, mmap: bool = False) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise CheckpointError(f"Checkpoint file {path} does not exist.") from None
     except Exception as exc:  # truncated zip, bad pickle, disallowed global
-        refused = _refused_global(exc)
+        refused = refused_global(exc)
         if refused is not None:
             raise CheckpointError(
-                f"Checkpoint file {path} holds an object that torch.load(weights_only=True) "
-                f"refuses to unpickle ({refused}). Checkpoints hold tensors and plain Python "
-                f"values only: return those from state_dict()."
+                f"Checkpoint file {path} holds an object that is not allowed in a checkpoint "
+                f"(torch.load(weights_only=True) refuses {refused}); it was not loaded and "
+                f"nothing in it ran. Checkpoints hold tensors and plain Python values only: "
+                f"return those from state_dict(), and do not load a file you do not trust."
             ) from exc
         raise CheckpointError(
             f"Checkpoint file {path} cannot be read: it is truncated or corrupt. Load an "
@@ -266,6 +319,49 @@ def read_metadata(path: Path) -> dict[str, Any]:
     return dict(extra["metadata"])
 
 
+def verify(path: Path, part: tuple[int, int] = (0, 1)) -> None:
+    """Check the checkpoint at ``path`` against the CRC32Cs written with it (rank-local;
+    ``part`` ``(index, count)`` checks every ``count``-th file from ``index``); a checkpoint
+    without checksums is logged as unverified.
+
+    Raises:
+        CheckpointError: a file is missing or differs from its manifest (names the file).
+    """
+    path = Path(path)
+    if not verify_checkpoint(path, part) and part[0] == 0:
+        log.warning("Checkpoint %s has no checksums (%s): it was written before cadence had "
+                    "them, or they were lost; it loads unverified.", path,
+                    "no manifest.json in it" if path.is_dir() else "no CRC32C in its zip comment")
+
+
+def _load_verified(path: Path, checksums: bool) -> Any:
+    """``torch.load(weights_only=True)`` the full file at ``path`` while a thread checks its
+    CRC32C (the two overlap: CRC32C runs without the GIL); returns when both are done, so no
+    tensor is used unverified. The unpickler's verdict is reported first, so a hostile file
+    is named as such rather than as corrupt."""
+    if not checksums:
+        return _torch_load(path)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify") as pool:
+        verified = pool.submit(verify, path)
+        loaded = _torch_load(path)  # on error, leaving the block waits for the thread
+    verified.result()
+    return loaded
+
+
+def _all_ranks(check: Any) -> Any:
+    """Run the rank-local ``check()``; if it raised CheckpointError on any rank, raise the
+    first rank's message on every rank (so none waits in a later collective)."""
+    result, error = None, None
+    try:
+        result = check()
+    except CheckpointError as exc:
+        error = str(exc)
+    errors = [e for e in dist.all_gather_object(error) if e is not None]
+    if errors:
+        raise CheckpointError(errors[0])
+    return result
+
+
 def _drop_ignored(sd: dict[str, Any], prefix: str, ignore: Sequence[str]) -> dict[str, Any]:
     return {k: v for k, v in sd.items()
             if not any(fnmatch.fnmatchcase(f"{prefix}/{k}", pat) for pat in ignore)}
@@ -276,7 +372,7 @@ def _ignored(key: str, ignore: Sequence[str]) -> bool:
 
 
 def load_checkpoint(state: State, path: Path, weights_only: bool = False, strict: bool = True,
-                    ignore_keys: Sequence[str] = ()) -> dict[str, Any]:
+                    ignore_keys: Sequence[str] = (), checksums: bool = True) -> dict[str, Any]:
     """Load the checkpoint at ``path`` into ``state`` (call on every rank).
 
     Args:
@@ -287,30 +383,34 @@ def load_checkpoint(state: State, path: Path, weights_only: bool = False, strict
         ignore_keys: glob patterns of what to skip: ``model/<parameter name>`` (e.g.
             ``model/model.classifier.*``), ``optimizers``, ``schedulers``, ``timestamp``,
             ``rng``, ``algorithms/<Class>``, ``callbacks/<Class>``.
+        checksums: check every file against the CRC32Cs written with it before any tensor
+            is used (default). Off only to measure what it costs.
 
     Returns:
         The checkpoint's metadata.
 
     Raises:
-        CheckpointError: missing, truncated or corrupt file, missing shard, or a checkpoint
-            that does not fit the model (the message names the file).
+        CheckpointError: missing, truncated or corrupt file, missing shard, a file that
+            differs from its checksum manifest, an object that is not allowed in a
+            checkpoint, or a checkpoint that does not fit the model (the message names the
+            file).
     """
     path = Path(path)
     if not is_complete(path):
         raise CheckpointError(not_loadable(path))
     if path.is_dir():
-        return _load_sharded(state, path, weights_only, strict, ignore_keys)
-    return _load_full(state, path, weights_only, strict, ignore_keys)
+        return _load_sharded(state, path, weights_only, strict, ignore_keys, checksums)
+    return _load_full(state, path, weights_only, strict, ignore_keys, checksums)
 
 
 def _load_full(state: State, path: Path, weights_only: bool, strict: bool,
-               ignore_keys: Sequence[str]) -> dict[str, Any]:
+               ignore_keys: Sequence[str], checksums: bool) -> dict[str, Any]:
     rank0 = dist.get_global_rank() == 0
     error: list[Any] = [None]
     loaded: Any = None
     if rank0:
         try:
-            loaded = _torch_load(path)
+            loaded = _load_verified(path, checksums)
         except CheckpointError as exc:
             error[0] = str(exc)
     dist.broadcast_object_list(error)
@@ -340,9 +440,22 @@ def _load_full(state: State, path: Path, weights_only: bool, strict: bool,
     return dict(rest["metadata"])
 
 
-def _load_sharded(state: State, path: Path, weights_only: bool, strict: bool,
-                  ignore_keys: Sequence[str]) -> dict[str, Any]:
+def _read_sharded_parts(reader: SafeFileSystemReader, path: Path,
+                        checksums: bool) -> dict[str, Any]:
+    """Rank-local checks before DCP reads a shard: ``.metadata`` through the restricted
+    unpickler, ``extra.pt`` with ``weights_only``, then this rank's share of the checksums
+    (ranks split the files). Returns ``extra.pt``'s contents."""
+    reader.read_metadata()
     extra = _torch_load(path / EXTRA_FILE)
+    if checksums:
+        verify(path, part=(dist.get_global_rank(), dist.get_world_size()))
+    return extra
+
+
+def _load_sharded(state: State, path: Path, weights_only: bool, strict: bool,
+                  ignore_keys: Sequence[str], checksums: bool) -> dict[str, Any]:
+    reader = SafeFileSystemReader(str(path))
+    extra = _all_ranks(lambda: _read_sharded_parts(reader, path, checksums))
     template: dict[str, Any] = {
         "model": _drop_ignored(get_model_state_dict(state.model), "model", ignore_keys)}
     if not weights_only:
@@ -356,7 +469,7 @@ def _load_sharded(state: State, path: Path, weights_only: bool, strict: bool,
                 template[kind] = named
     try:
         with _single_process_dcp():
-            dcp.load(template, checkpoint_id=str(path), no_dist=not dist.is_initialized(),
+            dcp.load(template, storage_reader=reader, no_dist=not dist.is_initialized(),
                      planner=SafeLoadPlanner(allow_partial_load=not strict or bool(ignore_keys)))
     except (Exception, CheckpointException) as exc:  # a missing shard file, a missing key...
         raise CheckpointError(f"Cannot load sharded checkpoint {path}: {_dcp_failure(exc)}"
@@ -389,6 +502,8 @@ def _restore_rest(state: State, rest: dict[str, Any], ignore_keys: Sequence[str]
     rank = dist.get_global_rank()
     if not _ignored("rng", ignore_keys) and rank < len(rng):
         set_rng_state(rng[rank])  # elastic runs: new ranks keep their fresh seeds
+    if not _ignored("data", ignore_keys):
+        load_data_position(state, rest.get("data"))  # used by the next epoch's iterator
     for kind in ("algorithms", "callbacks"):
         saved = rest.get(kind, {})
         objects = getattr(state, kind)

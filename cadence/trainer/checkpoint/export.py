@@ -16,15 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from cadence.trainer.checkpoint.checkpoint import (
-    CheckpointError, SafeLoadPlanner, _dcp_failure, _torch_load, not_loadable,
+    CheckpointError, SafeLoadPlanner, _dcp_failure, _load_verified, _torch_load, not_loadable,
+    verify,
 )
-from cadence.trainer.checkpoint.files import EXTRA_FILE, TMP_MARK, is_complete
+from cadence.trainer.checkpoint.files import (
+    EXTRA_FILE, is_complete, remove_temporary, temporary_path,
+)
+from cadence.trainer.checkpoint.safe_unpickle import SafeFileSystemReader
+from cadence.trainer.checkpoint.writing import write_full_file
 
 __all__ = ["huggingface_metadata", "load_full_state", "to_full", "to_huggingface"]
 
@@ -46,11 +50,25 @@ def huggingface_metadata(model: torch.nn.Module) -> dict[str, Any]:
     meta: dict[str, Any] = {"hf_class": type(inner).__name__,
                             "hf_config": json.loads(inner.config.to_json_string())}
     tokenizer = getattr(module, "tokenizer", None)
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        specials = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
-        meta["hf_tokenizer"] = {"tokenizer_json": backend.to_str(), "special_tokens": specials}
+    if tokenizer is not None:
+        meta.update(_tokenizer_metadata(tokenizer))
     return meta
+
+
+def _tokenizer_metadata(tokenizer: Any) -> dict[str, Any]:
+    """``{"hf_tokenizer": {"tokenizer_json", "special_tokens"}}`` for a ``transformers``
+    tokenizer: a fast one's ``tokenizer.json`` as is, a slow one (``GPT2Tokenizer``)
+    converted with ``transformers.convert_slow_tokenizer``; ``{}`` when neither works."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        try:
+            from transformers.convert_slow_tokenizer import convert_slow_tokenizer
+
+            backend = convert_slow_tokenizer(tokenizer)
+        except Exception:  # noqa: BLE001 - a tokenizer transformers cannot convert: none
+            return {}
+    specials = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
+    return {"hf_tokenizer": {"tokenizer_json": backend.to_str(), "special_tokens": specials}}
 
 
 class _SafeEmptyPlanner(SafeLoadPlanner, _EmptyStateDictLoadPlanner):
@@ -60,16 +78,23 @@ class _SafeEmptyPlanner(SafeLoadPlanner, _EmptyStateDictLoadPlanner):
 
 def load_full_state(path: Path) -> dict[str, Any]:
     """The whole checkpoint at ``path`` as one in-memory dict of plain tensors (as a ``full``
-    file holds it), from a full file or a sharded directory.
+    file holds it), from a full file or a sharded directory. Read as ``load_path`` reads it:
+    pickles through the restricted unpicklers, every file checked against the CRC32Cs written
+    with it before its tensors are used.
 
     Raises:
-        CheckpointError: not a complete checkpoint, or unreadable (naming the file).
+        CheckpointError: not a complete checkpoint, unreadable, a file that differs from its
+            checksum, or an object that is not allowed in a checkpoint (naming the file).
     """
     path = Path(path)
     if not is_complete(path):
         raise CheckpointError(not_loadable(path))
     if path.is_file():
-        return dict(_torch_load(path))
+        return dict(_load_verified(path, checksums=True))
+    reader = SafeFileSystemReader(str(path))
+    reader.read_metadata()  # the restricted unpickler's verdict first, then the checksums
+    extra = _torch_load(path / EXTRA_FILE)
+    verify(path)
     state: dict[str, Any] = {}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled",
@@ -77,24 +102,27 @@ def load_full_state(path: Path) -> dict[str, Any]:
         try:
             # not dcp.load: it copies back only the keys the given dict already has, so an
             # empty dict stays empty (torch's own dcp_to_torch_save calls this one too)
-            _load_state_dict(state, storage_reader=dcp.FileSystemReader(str(path)),
-                             planner=_SafeEmptyPlanner(), no_dist=True)
+            _load_state_dict(state, storage_reader=reader, planner=_SafeEmptyPlanner(),
+                             no_dist=True)
         except (Exception, CheckpointException) as exc:
             raise CheckpointError(f"Cannot read sharded checkpoint {path}: "
                                   f"{_dcp_failure(exc)}") from exc
-    state.update(_torch_load(path / EXTRA_FILE))
+    state.update(extra)
     return state
 
 
 def to_full(checkpoint: Path, out: Path) -> Path:
     """Merge ``checkpoint`` (sharded or full) into one ``full`` file at ``out`` (atomically);
-    it loads with ``load_path`` on any number of ranks."""
+    it loads with ``load_path`` on any number of ranks, and carries its CRC32C."""
     state = load_full_state(checkpoint)
     state["metadata"] = {**state["metadata"], "format": "full"}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + TMP_MARK + "convert")
-    torch.save(state, tmp)
-    os.replace(tmp, out)
+    tmp = temporary_path(out, "convert")
+    try:
+        write_full_file(state, out, tmp, run_name="convert")
+        os.replace(tmp, out)
+    except BaseException:
+        remove_temporary(tmp)
+        raise
     return out
 
 

@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Sampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 
 from cadence.trainer import dist
-from cadence.trainer.checkpoint.files import find_latest_checkpoint
+from cadence.trainer.checkpoint.errors import CheckpointError
+from cadence.trainer.checkpoint.files import checkpoint_candidates, remove_stale_temporaries
 
-__all__ = ["SkipSampler", "resolve_load_path", "skip_consumed_batches", "written_by"]
+__all__ = ["SkipSampler", "newest_intact_checkpoint", "resolve_load_path",
+           "skip_consumed_batches", "written_by"]
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +46,20 @@ def skip_consumed_batches(dataloader: Any, batches: int) -> tuple[Iterator[Any],
 
     The torch RNG is left as it was: creating a DataLoader iterator draws a seed from it,
     which the uninterrupted run did at the start of the epoch, before the checkpoint.
+
+    The fallback of :func:`~cadence.trainer.checkpoint.data_position.iter_epoch` when the
+    checkpoint has no data position for this rank (an older checkpoint, another world
+    size): exact for a seeded sampler (``cadence.dist.get_sampler``), not for a
+    ``RandomSampler``, whose order is then drawn anew (warned).
     """
     rng = torch.get_rng_state()
     if (isinstance(dataloader, DataLoader) and isinstance(dataloader.batch_sampler, BatchSampler)
             and type(dataloader.batch_sampler) is BatchSampler):
+        if isinstance(dataloader.batch_sampler.sampler, RandomSampler):
+            log.warning("Resuming mid-epoch without the checkpoint's data position (an older "
+                        "checkpoint, or another world size): the RandomSampler draws a new "
+                        "order for the rest of this epoch, so some of its samples may be seen "
+                        "twice and others not at all.")
         batch_size = dataloader.batch_sampler.batch_size
         sampler = SkipSampler(dataloader.batch_sampler.sampler, batches * batch_size)
         resumed = DataLoader(
@@ -74,7 +86,7 @@ def skip_consumed_batches(dataloader: Any, batches: int) -> tuple[Iterator[Any],
 
 def written_by(path: Path, run_name: Optional[str]) -> bool:
     """Whether the checkpoint at ``path`` was written by run ``run_name`` (its metadata)."""
-    from cadence.trainer.checkpoint.checkpoint import CheckpointError, read_metadata
+    from cadence.trainer.checkpoint.checkpoint import read_metadata
 
     try:
         return read_metadata(path).get("run_name") == run_name
@@ -82,24 +94,72 @@ def written_by(path: Path, run_name: Optional[str]) -> bool:
         return False
 
 
+def newest_intact_checkpoint(folder: Path, latest_filename: str,
+                             run_name: Optional[str]) -> Optional[Path]:
+    """The newest checkpoint of ``run_name`` in ``folder`` that passes its checksums: the one
+    the ``latest`` pointer names, else (or when it fails) the newest complete one whose
+    metadata names the run. Each rejected checkpoint is logged as a warning naming it and
+    the file that failed. Rank-local.
+
+    Raises:
+        CheckpointError: the pointer is garbage or points outside ``folder``; or the run has
+            checkpoints there and none passes (the message lists why each failed).
+    """
+    from cadence.trainer.checkpoint.checkpoint import verify
+
+    rejected: list[str] = []
+    for candidate in checkpoint_candidates(folder, latest_filename,
+                                           belongs=lambda p: written_by(p, run_name)):
+        try:
+            verify(candidate)
+        except CheckpointError as exc:
+            log.warning("Autoresume rejects checkpoint %s: %s", candidate, exc)
+            rejected.append(f"{candidate}: {exc}")
+            continue
+        if rejected:
+            log.warning("Autoresume falls back to %s, the newest checkpoint of run %s that "
+                        "passes its checksums (rejected: %s).", candidate, run_name,
+                        ", ".join(r.split(": ", 1)[0] for r in rejected))
+        return candidate
+    if rejected:
+        raise CheckpointError(
+            f"Autoresume found checkpoints of run {run_name} in {folder}, but none passes its "
+            f"checksums: {'; '.join(rejected)}. Move them away to start afresh, or pass a "
+            f"checkpoint you trust as load_path.")
+    return None
+
+
 def resolve_load_path(autoresume: bool, save_folder: Optional[str], latest_filename: str,
                       load_path: Optional[str],
                       run_name: Optional[str] = None) -> tuple[Optional[Path], bool]:
     """The checkpoint to load and whether it is an autoresume (a full restore).
 
-    With ``autoresume``, the newest complete checkpoint of ``run_name`` in ``save_folder``
-    (the one its ``latest`` pointer names, else the newest whose metadata names the run) wins;
-    without one
-    (a fresh run) ``load_path`` is used. Rank 0 decides; every rank gets its answer.
+    With ``autoresume``, the newest intact checkpoint of ``run_name`` in ``save_folder``
+    (:func:`newest_intact_checkpoint`) wins; without one (a fresh run) ``load_path`` is used.
+    Before that, the run's own stale temporaries in ``save_folder`` (left by a killed save)
+    are removed (:func:`~cadence.trainer.checkpoint.files.remove_stale_temporaries`). Rank 0
+    decides; every rank gets its answer.
+
+    Raises:
+        CheckpointError: on every rank, as :func:`newest_intact_checkpoint` raises it.
     """
-    choice: list[Any] = [None, False]
+    choice: list[Any] = [None, False, None]  # path, resuming, error
     if dist.get_global_rank() == 0:
-        if autoresume and save_folder is not None:
-            found = find_latest_checkpoint(Path(save_folder), latest_filename,
-                                           belongs=lambda p: written_by(p, run_name))
-            if found is not None:
-                choice = [str(found), True]
-        if choice[0] is None and load_path is not None:
-            choice = [load_path, False]
+        try:
+            if save_folder is not None and run_name is not None:
+                removed = remove_stale_temporaries(Path(save_folder), run_name, latest_filename)
+                if removed:
+                    log.info("Removed %d stale temporaries of run %s (unfinished saves): %s",
+                             len(removed), run_name, ", ".join(p.name for p in removed))
+            if autoresume and save_folder is not None:
+                found = newest_intact_checkpoint(Path(save_folder), latest_filename, run_name)
+                if found is not None:
+                    choice = [str(found), True, None]
+        except CheckpointError as exc:
+            choice[2] = str(exc)
+        if choice[0] is None and choice[2] is None and load_path is not None:
+            choice = [load_path, False, None]
     dist.broadcast_object_list(choice)
+    if choice[2] is not None:
+        raise CheckpointError(choice[2])
     return (Path(choice[0]) if choice[0] is not None else None), bool(choice[1])

@@ -144,6 +144,38 @@ class Callback:
         """Called on ``Event.EVAL_AFTER_ALL``."""
         del state, logger
 
+    def eval_standalone_start(self, state: State, logger: Any) -> None:
+        """Called on ``Event.EVAL_STANDALONE_START`` (``Trainer.eval()``)."""
+        del state, logger
+
+    def eval_standalone_end(self, state: State, logger: Any) -> None:
+        """Called on ``Event.EVAL_STANDALONE_END``."""
+        del state, logger
+
+    def predict_start(self, state: State, logger: Any) -> None:
+        """Called on ``Event.PREDICT_START`` (``Trainer.predict()``)."""
+        del state, logger
+
+    def predict_batch_start(self, state: State, logger: Any) -> None:
+        """Called on ``Event.PREDICT_BATCH_START``."""
+        del state, logger
+
+    def predict_before_forward(self, state: State, logger: Any) -> None:
+        """Called on ``Event.PREDICT_BEFORE_FORWARD``."""
+        del state, logger
+
+    def predict_after_forward(self, state: State, logger: Any) -> None:
+        """Called on ``Event.PREDICT_AFTER_FORWARD``."""
+        del state, logger
+
+    def predict_batch_end(self, state: State, logger: Any) -> None:
+        """Called on ``Event.PREDICT_BATCH_END``."""
+        del state, logger
+
+    def predict_end(self, state: State, logger: Any) -> None:
+        """Called on ``Event.PREDICT_END``."""
+        del state, logger
+
     def state_dict(self) -> dict[str, Any]:
         """What this callback needs saved in a checkpoint (default: nothing)."""
         return {}

@@ -64,6 +64,21 @@ class Event(str, Enum):
             EVAL_END
         EVAL_AFTER_ALL
 
+        # Trainer.eval() (standalone) wraps the eval events above:
+        EVAL_STANDALONE_START
+        # EVAL_BEFORE_ALL ... EVAL_AFTER_ALL
+        EVAL_STANDALONE_END
+
+        # Trainer.predict():
+        PREDICT_START
+        for batch in dataloader:
+            PREDICT_BATCH_START
+            PREDICT_BEFORE_FORWARD
+            # outputs = model(batch)
+            PREDICT_AFTER_FORWARD
+            PREDICT_BATCH_END
+        PREDICT_END
+
     A :class:`~cadence.Callback` has one method per event, named after its value
     (``Event.BATCH_END`` -> ``Callback.batch_end``).
     """
@@ -102,17 +117,33 @@ class Event(str, Enum):
     EVAL_END = "eval_end"
     EVAL_AFTER_ALL = "eval_after_all"
 
+    EVAL_STANDALONE_START = "eval_standalone_start"
+    EVAL_STANDALONE_END = "eval_standalone_end"
+
+    PREDICT_START = "predict_start"
+    PREDICT_BATCH_START = "predict_batch_start"
+    PREDICT_BEFORE_FORWARD = "predict_before_forward"
+    PREDICT_AFTER_FORWARD = "predict_after_forward"
+    PREDICT_BATCH_END = "predict_batch_end"
+    PREDICT_END = "predict_end"
+
     @property
     def is_before_event(self) -> bool:
-        """True for ``BEFORE_*`` (and ``EVAL_BEFORE_*``) events."""
-        return self.value.startswith("before_") or self.value.startswith("eval_before_")
+        """True for ``BEFORE_*`` (and ``EVAL_BEFORE_*``, ``PREDICT_BEFORE_*``) events."""
+        return self.value.startswith(("before_", "eval_before_", "predict_before_"))
 
     @property
     def is_after_event(self) -> bool:
-        """True for ``AFTER_*`` (and ``EVAL_AFTER_*``) events: algorithms run in reverse here."""
-        return self.value.startswith("after_") or self.value.startswith("eval_after_")
+        """True for ``AFTER_*`` (and ``EVAL_AFTER_*``, ``PREDICT_AFTER_*``) events: algorithms
+        run in reverse here."""
+        return self.value.startswith(("after_", "eval_after_", "predict_after_"))
 
     @property
     def is_eval(self) -> bool:
         """True for the ``EVAL_*`` events."""
         return self.value.startswith("eval_")
+
+    @property
+    def is_predict(self) -> bool:
+        """True for the ``PREDICT_*`` events."""
+        return self.value.startswith("predict_")

@@ -47,6 +47,7 @@ from cadence.trainer.data.tokenizer import (
     load_tokenizer,
     train_bpe,
 )
+from cadence.trainer.arg_checks import Check, arg_checks
 from cadence.trainer.registry import datasets
 
 __all__ = [
@@ -110,7 +111,13 @@ def kjv_dataloader(
     )
 
 
+def _text_path_exists(path: PathLike) -> bool:
+    locate_corpus("text", path)  # raises a ValueError that names the path
+    return True
+
+
 @datasets.register("text")
+@arg_checks(path=Check(_text_path_exists, "a text file or a folder of *.txt files"))
 def text_dataloader(
     split: str = "train",
     seq_len: int = 128,

@@ -71,7 +71,7 @@ def total_batches(state: State) -> Optional[int]:
     if max_duration.unit == TimeUnit.BATCH:
         return int(max_duration.value)
     if max_duration.unit == TimeUnit.EPOCH and state.dataloader_len:
-        return int(max_duration.value) * state.dataloader_len
+        return int(max_duration.value) * int(state.dataloader_len)
     return None
 
 
@@ -83,7 +83,7 @@ def total_epochs(state: State) -> Optional[int]:
     if max_duration.unit == TimeUnit.EPOCH:
         return int(max_duration.value)
     if max_duration.unit == TimeUnit.BATCH and state.dataloader_len:
-        return -(-int(max_duration.value) // state.dataloader_len)
+        return -(-int(max_duration.value) // int(state.dataloader_len))
     return None
 
 
@@ -99,13 +99,13 @@ def run_position(state: State, timestamp: Optional[Timestamp] = None) -> str:
         timestamp: the position to show; default ``state.timestamp``.
     """
     timestamp = state.timestamp if timestamp is None else timestamp
-    epoch = timestamp.epoch + 1
+    epoch = int(timestamp.epoch) + 1
     if timestamp.batch_in_epoch == 0 and timestamp.epoch > 0:
-        epoch = timestamp.epoch  # between EPOCH_END and the next EPOCH_START
+        epoch = int(timestamp.epoch)  # between EPOCH_END and the next EPOCH_START
     epochs = total_epochs(state)
     batches = total_batches(state)
     epoch_text = f"{epoch}/{epochs}" if epochs else f"{epoch}"
-    batch_text = f"{timestamp.batch}/{batches}" if batches else f"{timestamp.batch}"
+    batch_text = f"{int(timestamp.batch)}/{batches}" if batches else f"{int(timestamp.batch)}"
     return f"[epoch {epoch_text}][batch {batch_text}]"
 
 
@@ -204,7 +204,7 @@ class ConsoleLogger(LoggerDestination):
         if evals:
             self._flush_if_due()
             batch = step if step is not None else (
-                self._state.timestamp.batch if self._state is not None else "?")
+                int(self._state.timestamp.batch) if self._state is not None else "?")
             self._print(f"[eval][batch {batch}] {format_metrics(evals)}")
 
     # -- events ---------------------------------------------------------------------------
@@ -230,7 +230,7 @@ class ConsoleLogger(LoggerDestination):
         if self.log_interval.unit == TimeUnit.EPOCH:
             timestamp = state.timestamp
             # Epochs done, whether or not the trainer advanced the epoch before EPOCH_END.
-            done = timestamp.epoch if timestamp.batch_in_epoch == 0 else timestamp.epoch + 1
+            done = int(timestamp.epoch) + (0 if timestamp.batch_in_epoch == 0 else 1)
             if self._pending and done % int(self.log_interval.value) == 0:
                 self._print_pending()
         else:

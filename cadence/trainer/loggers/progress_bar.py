@@ -121,14 +121,14 @@ class ProgressBarLogger(LoggerDestination):
             return
         self._close_train_bar()
         timestamp = state.timestamp
-        total = state.dataloader_len
+        total = None if state.dataloader_len is None else int(state.dataloader_len)
         max_duration = state.max_duration
         if max_duration is not None and max_duration.unit == TimeUnit.BATCH:
-            left = int(max_duration.value) - timestamp.batch + timestamp.batch_in_epoch
+            left = int(max_duration.value) - int(timestamp.batch) + int(timestamp.batch_in_epoch)
             total = left if total is None else min(total, left)
         epochs = total_epochs(state)
-        desc = f"epoch {timestamp.epoch + 1}" + (f"/{epochs}" if epochs else "")
-        self._train_bar = self._bar(total, desc, initial=timestamp.batch_in_epoch)
+        desc = f"epoch {int(timestamp.epoch) + 1}" + (f"/{epochs}" if epochs else "")
+        self._train_bar = self._bar(total, desc, initial=int(timestamp.batch_in_epoch))
 
     def batch_end(self, state: State, logger: Any) -> None:
         del state, logger

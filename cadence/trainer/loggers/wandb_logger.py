@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
@@ -74,8 +75,9 @@ class WandBLogger(LoggerDestination):
         tags: tags for the W&B run.
         group: groups runs in the W&B UI (e.g. the ranks of one run, or a sweep).
         dir: the directory ``wandb/`` is written into; may contain ``{run_name}``. Default:
-            the run's ``save_folder`` if it has one, else ``runs/{run_name}``. Created if
-            missing.
+            the ``WANDB_DIR`` environment variable when set (as ``wandb.init`` and Composer's
+            logger honour it, e.g. to put runs on scratch space), else the run's
+            ``save_folder`` if it has one, else ``runs/{run_name}``. Created if missing.
         rank_zero_only: start a run on global rank zero only (default); else on every rank.
         init_kwargs: more keyword arguments for ``wandb.init`` (``mode``, ``notes``,
             ``settings``, ``reinit``, ...); they override the arguments above.
@@ -143,6 +145,8 @@ class WandBLogger(LoggerDestination):
             group = group if group is not None else run_name
         if self.dir is not None:
             folder = self.dir.format(run_name=run_name)
+        elif os.environ.get("WANDB_DIR"):
+            folder = os.path.expanduser(os.environ["WANDB_DIR"])
         elif state.save_folder is not None:
             folder = str(state.save_folder)
         else:

@@ -1,7 +1,8 @@
 """``torch.compile`` as a step of the parallelize plan: per transformer block or whole model.
 
-The plan's order is torchtitan's: activation checkpointing (an algorithm, at ``INIT``), then
-compile, then FSDP2 ``fully_shard`` per block and the root. Compiling comes before sharding
+The plan's order is torchtitan's: activation checkpointing, then compile, then tensor
+parallelism, then FSDP2 ``fully_shard`` per block and the root
+(:mod:`cadence.trainer.parallel.plan`). Compiling comes before sharding
 so each block's graph is traced from the plain module; FSDP2's hooks stay outside the
 compiled graphs (dynamo skips them by default).
 
@@ -231,7 +232,8 @@ def apply_compile(model: nn.Module,
         ValueError: a bad ``compile_config`` (every problem listed), or ``per_block`` on a
             model that names no blocks.
     """
-    config = parse_compile_config(compile_config)
+    config = (compile_config if isinstance(compile_config, CompileConfig)  # parsed already
+              else parse_compile_config(compile_config))
     if config is None or not config.enabled:
         return model
     kwargs = config.compile_kwargs()

@@ -1,4 +1,5 @@
-"""``parallelism_config``: what a run file's ``parallelism_config: {fsdp: {...}}`` means.
+"""``parallelism_config``: what a run file's ``parallelism_config: {fsdp: {...}, tp: {...}}``
+means.
 
 cadence shards with FSDP2 (``torch.distributed.fsdp.fully_shard`` on a ``DeviceMesh``).
 Keys are Composer's, and Accelerate's (``fsdp_``-prefixed) are accepted too. Every key is
@@ -27,8 +28,13 @@ bf16 for ``amp_bf16``, fp16 for ``amp_fp16``, none for ``fp32``):
 - a dict of ``param_dtype`` / ``reduce_dtype`` / ``output_dtype`` (``fp32``, ``bf16``,
   ``fp16``) and ``cast_forward_inputs`` (bool).
 
+``tp`` -> :class:`TPConfig` (``tensor_parallel_degree``, ``layer_plan``, ``verbose``):
+tensor parallelism on the mesh's innermost ``tp`` dimension, applied before FSDP2 (see
+:mod:`cadence.trainer.parallel.tp`); ``device_mesh`` and pipeline keys are refused.
+
 Sources: PyTorch FSDP2 docs (``torch.distributed.fsdp.fully_shard``), Composer's
-``FSDPConfig`` (``composer/utils/parallelism.py``), Accelerate's ``FullyShardedDataParallelPlugin``.
+``FSDPConfig`` and ``TPConfig`` (``composer/utils/parallelism.py``), Accelerate's
+``FullyShardedDataParallelPlugin``.
 """
 
 from __future__ import annotations
@@ -38,8 +44,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional, Union
 
 __all__ = [
-    "FSDPConfig", "ParallelismConfig", "ShardingStrategy", "parse_parallelism_config",
-    "check_parallelism_config",
+    "FSDPConfig", "TPConfig", "ParallelismConfig", "ShardingStrategy", "parse_parallelism_config",
+    "check_parallelism_config", "tensor_parallel_degree",
     "SHARDING_STRATEGIES", "REFUSED_KEYS",
 ]
 
@@ -152,11 +158,46 @@ class FSDPConfig:
 
 
 @dataclass
+class TPConfig:
+    """Tensor parallelism (Composer's ``TPConfig``); see :mod:`cadence.trainer.parallel.tp`.
+
+    Attributes:
+        tensor_parallel_degree: ranks in each tensor-parallel group (the ``tp`` mesh
+            dimension, innermost: ranks ``k * degree ... (k + 1) * degree - 1`` form group
+            ``k``); must divide the world size. Default 1: no tensor parallelism.
+        layer_plan: ``{module-name pattern: style}`` (``*`` matches one name segment);
+            styles: ``colwise``, ``rowwise``, ``sequence_parallel``, ``fused_qkv_colwise``,
+            ``replicate``, a ``ParallelStyle`` object or a dotted path to a ``ParallelStyle``
+            class. Default: the model's ``tp_plan()``, else the built-in plans for
+            ``GPT2Block`` and ``LlamaDecoderLayer``.
+        verbose: print the mesh and the TP plan on rank 0 (as ``fsdp.verbose`` does).
+    """
+
+    tensor_parallel_degree: int = 1
+    layer_plan: Optional[dict[str, Any]] = None
+    verbose: bool = False
+
+
+# TP keys with another meaning elsewhere: key -> why / instead.
+_TP_REFUSED_KEYS = {
+    "device_mesh": "the mesh is built from tensor_parallel_degree and the fsdp degrees; set "
+                   "tensor_parallel_degree instead.",
+    "pipeline_parallel_degree": "pipeline parallelism is not supported.",
+}
+
+
+@dataclass
 class ParallelismConfig:
-    """``parallelism_config``: ``fsdp`` (an :class:`FSDPConfig`) or nothing (DDP when the
-    world size is above 1, else a single process)."""
+    """``parallelism_config``: ``fsdp`` (an :class:`FSDPConfig`) and/or ``tp`` (a
+    :class:`TPConfig`); neither: DDP when the world size is above 1, else a single process."""
 
     fsdp: Optional[FSDPConfig] = field(default=None)
+    tp: Optional[TPConfig] = field(default=None)
+
+    @property
+    def tp_degree(self) -> int:
+        """Ranks per tensor-parallel group (1: no tensor parallelism)."""
+        return self.tp.tensor_parallel_degree if self.tp is not None else 1
 
 
 Problems = list[tuple[str, str]]  # (full key path, message)
@@ -292,6 +333,68 @@ def _parse_fsdp(raw: Mapping[str, Any], prefix: str, problems: Problems) -> FSDP
     return config
 
 
+def _parse_tp(raw: Mapping[str, Any], prefix: str, problems: Problems) -> TPConfig:
+    names = [f.name for f in fields(TPConfig)]
+    config = TPConfig()
+    for raw_key, value in raw.items():
+        key, where = str(raw_key), f"{prefix}.{raw_key}"
+        if key in _TP_REFUSED_KEYS:
+            _problem(problems, where, f"not supported: {_TP_REFUSED_KEYS[key]}")
+        elif key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            _problem(problems, where, f"unknown TP key.{hint} Allowed: {', '.join(names)}.")
+        elif key == "tensor_parallel_degree":
+            degree = _typed(problems, where, value, int)
+            if isinstance(degree, int) and degree < 1:
+                _problem(problems, where, f"{degree} must be a positive int (1: no tensor "
+                                          "parallelism).")
+            elif isinstance(degree, int):
+                config.tensor_parallel_degree = degree
+        elif key == "verbose":
+            if _typed(problems, where, value, bool) is not None:
+                config.verbose = value
+        elif value is not None:  # layer_plan
+            if not isinstance(value, Mapping) or not value:
+                _problem(problems, where, f"{value!r} must be a non-empty dict of "
+                                          "{module pattern: style}.")
+                continue
+            plan: dict[str, Any] = {}
+            for pattern, style in value.items():
+                problem = _tp_style_problem(style)
+                if problem is not None:
+                    _problem(problems, f"{where}.{pattern}", problem)
+                plan[str(pattern)] = style
+            config.layer_plan = plan
+    return config
+
+
+def tensor_parallel_degree(raw: Union[None, Mapping[str, Any], ParallelismConfig]) -> int:
+    """``tp.tensor_parallel_degree`` of a parallelism config (dict or typed), 1 when unset
+    or not a positive int (the config's own check reports that)."""
+    if isinstance(raw, ParallelismConfig):
+        return raw.tp_degree
+    tp = raw.get("tp") if isinstance(raw, Mapping) else None
+    degree = tp.get("tensor_parallel_degree", 1) if isinstance(tp, Mapping) else 1
+    return degree if isinstance(degree, int) and not isinstance(degree, bool) and degree > 0 else 1
+
+
+def _tp_style_problem(style: Any) -> Optional[str]:
+    """Why ``style`` is not a usable TP style, or None (checked before any process starts)."""
+    from cadence.trainer.parallel.tp import _style_from_string
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    if isinstance(style, ParallelStyle):
+        return None
+    if not isinstance(style, str):
+        return f"{style!r} ({type(style).__name__}) is not a style name or a ParallelStyle."
+    try:
+        _style_from_string(style)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def parse_parallelism_config(
     raw: Union[None, Mapping[str, Any], ParallelismConfig], prefix: str = "parallelism_config",
 ) -> ParallelismConfig:
@@ -334,10 +437,21 @@ def check_parallelism_config(
                 result.fsdp = _parse_fsdp(value, f"{prefix}.fsdp", problems)
             else:
                 _problem(problems, f"{prefix}.fsdp", f"{value!r} must be a dict of FSDP settings.")
-        elif key in ("tp", "tensor_parallel", "pp", "pipeline_parallel", "cp", "context_parallel"):
-            _problem(problems, f"{prefix}.{key}", "only data parallelism (fsdp) is supported.")
+        elif key == "tp":
+            if value is None:
+                continue
+            if isinstance(value, TPConfig):
+                value = {f.name: getattr(value, f.name) for f in fields(TPConfig)}
+            if isinstance(value, Mapping):
+                result.tp = _parse_tp(value, f"{prefix}.tp", problems)
+            else:
+                _problem(problems, f"{prefix}.tp", f"{value!r} must be a dict like "
+                                                   f"{{tensor_parallel_degree: 2}}.")
+        elif key in ("tensor_parallel", "pp", "pipeline_parallel", "cp", "context_parallel"):
+            _problem(problems, f"{prefix}.{key}", "not supported: cadence runs data parallelism "
+                                                  "(fsdp) and tensor parallelism (tp).")
         else:
-            close = difflib.get_close_matches(str(key), ["fsdp"], n=1)
+            close = difflib.get_close_matches(str(key), ["fsdp", "tp"], n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            _problem(problems, f"{prefix}.{key}", f"unknown key.{hint} Allowed: fsdp.")
+            _problem(problems, f"{prefix}.{key}", f"unknown key.{hint} Allowed: fsdp, tp.")
     return result, problems

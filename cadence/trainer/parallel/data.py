@@ -1,5 +1,6 @@
-"""Data across ranks: every rank must see distinct samples, and eval metrics must not count
-the samples a ``DistributedSampler`` repeats to even out the ranks."""
+"""Data across ranks: every data-parallel rank must see distinct samples (and the ranks of
+one tensor-parallel group the same ones), and eval metrics must not count the samples a
+``DistributedSampler`` repeats to even out the ranks."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from cadence.trainer import dist
 
-__all__ = ["check_distributed_sampler", "real_samples_on_rank"]
+__all__ = ["check_distributed_sampler", "align_sampler_with_data_parallel",
+           "real_samples_on_rank"]
 
 
 def check_distributed_sampler(dataloader: Any, name: str) -> None:
@@ -32,6 +34,44 @@ def check_distributed_sampler(dataloader: Any, name: str) -> None:
             f"DataLoader(dataset, batch_size=..., sampler=cadence.dist.get_sampler(dataset, "
             f"shuffle=...)) instead."
         )
+
+
+def align_sampler_with_data_parallel(dataloader: Any, name: str, dp_size: int,
+                                     dp_rank: int) -> None:
+    """Make ``dataloader``'s ``DistributedSampler`` split the data over the data-parallel
+    ranks only, so the ranks of one tensor-parallel group load the same samples.
+
+    A sampler built for the whole world (``cadence.dist.get_sampler`` defaults:
+    ``num_replicas = world size``, ``rank = global rank``) is re-pointed in place to
+    ``num_replicas = dp_size``, ``rank = dp_rank``; one already built that way is left
+    alone. Nothing happens when ``dp_size`` is the world size (no tensor parallelism).
+
+    Raises:
+        ValueError: the sampler was built for another split, naming the dataloader and the
+            split it needs.
+    """
+    world = dist.get_world_size()
+    if dp_size == world or not isinstance(dataloader, DataLoader) \
+            or dataloader.batch_sampler is None:
+        return
+    sampler = dataloader.batch_sampler.sampler
+    if not isinstance(sampler, DistributedSampler):
+        return
+    if (sampler.num_replicas, sampler.rank) == (dp_size, dp_rank):
+        return
+    if (sampler.num_replicas, sampler.rank) != (world, dist.get_global_rank()):
+        raise ValueError(
+            f"{name}'s DistributedSampler has num_replicas={sampler.num_replicas}, "
+            f"rank={sampler.rank}; with tensor parallelism it must split over the "
+            f"{dp_size} data-parallel ranks: num_replicas={dp_size}, rank={dp_rank} (or leave "
+            f"both to cadence.dist.get_sampler's defaults).")
+    sampler.num_replicas, sampler.rank = dp_size, dp_rank
+    total = len(sampler.dataset)  # the same arithmetic as DistributedSampler.__init__
+    if sampler.drop_last and total % dp_size != 0:
+        sampler.num_samples = math.ceil((total - dp_size) / dp_size)
+    else:
+        sampler.num_samples = math.ceil(total / dp_size)
+    sampler.total_size = sampler.num_samples * dp_size
 
 
 def real_samples_on_rank(dataloader: Any) -> Optional[int]:

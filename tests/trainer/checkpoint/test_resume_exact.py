@@ -59,7 +59,7 @@ def run(folder: Path, stop_at: Optional[int] = None, autoresume: bool = False,
     )
     trainer.fit()
     trainer.close()
-    return {step: value for step, value in memory.data["loss/train/total"]}, trainer
+    return dict(zip(*memory.steps_and_values("loss/train/total"))), trainer
 
 
 def check_resume(tmp_path: Path, stop_at: int, fsdp: bool, fmt: str) -> None:

@@ -17,6 +17,7 @@ from tests.common.models import SimpleModel, make_dataloader
 
 RUN = "rot"
 LATEST = f"latest-{RUN}"
+SYMLINK = "latest-rank0.pt"  # Composer's name for the newest full checkpoint
 
 
 def train(folder: Path, fmt: str = "full", keep: int = 2, seed: int = 1, stop_at: int = 0,
@@ -41,23 +42,24 @@ def names(fmt: str, *batches: int) -> set[str]:
 @pytest.mark.parametrize("fmt", ["full", "sharded"])
 def test_keeps_exactly_n_and_points_at_newest(tmp_path: Path, fmt: str) -> None:
     train(tmp_path, fmt, keep=2)
-    assert {p.name for p in tmp_path.iterdir()} == names(fmt, 5, 6) | {LATEST}
+    links = {SYMLINK} if fmt == "full" else set()
+    assert {p.name for p in tmp_path.iterdir()} == names(fmt, 5, 6) | {LATEST} | links
     assert (tmp_path / LATEST).read_text().strip() == f"ep0-ba6{'.pt' if fmt == 'full' else ''}"
     assert all(is_complete(tmp_path / n) for n in names(fmt, 5, 6))
 
 
 def test_keep_all_by_default(tmp_path: Path) -> None:
     train(tmp_path, keep=-1)
-    assert {p.name for p in tmp_path.iterdir()} == names("full", *range(1, 7)) | {LATEST}
+    assert {p.name for p in tmp_path.iterdir()} == names("full", *range(1, 7)) | {LATEST, SYMLINK}
 
 
 def test_rotation_continues_after_autoresume(tmp_path: Path) -> None:
     """The resumed run also removes what the first run wrote (the list is checkpointed)."""
     train(tmp_path, keep=2, stop_at=3)
-    assert {p.name for p in tmp_path.iterdir()} == names("full", 2, 3) | {LATEST}
+    assert {p.name for p in tmp_path.iterdir()} == names("full", 2, 3) | {LATEST, SYMLINK}
     trainer = train(tmp_path, keep=2, autoresume=True)
     assert trainer.state.timestamp.batch == 6
-    assert {p.name for p in tmp_path.iterdir()} == names("full", 5, 6) | {LATEST}
+    assert {p.name for p in tmp_path.iterdir()} == names("full", 5, 6) | {LATEST, SYMLINK}
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
@@ -96,7 +98,8 @@ def test_saver_refuses_to_clobber(tmp_path: Path) -> None:
 def test_overwrite_replaces(tmp_path: Path, fmt: str) -> None:
     first = train(tmp_path, fmt, keep=-1, seed=1)
     second = train(tmp_path, fmt, keep=-1, seed=2, save_overwrite=True)
-    assert {p.name for p in tmp_path.iterdir()} == names(fmt, *range(1, 7)) | {LATEST}
+    links = {SYMLINK} if fmt == "full" else set()
+    assert {p.name for p in tmp_path.iterdir()} == names(fmt, *range(1, 7)) | {LATEST} | links
     assert not list(tmp_path.glob("*.tmp-*"))
     final = tmp_path / ("ep0-ba6.pt" if fmt == "full" else "ep0-ba6")
     from cadence.trainer.checkpoint.export import load_full_state

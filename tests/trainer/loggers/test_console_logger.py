@@ -20,7 +20,7 @@ def run_batches(state: State, console: ConsoleLogger, logger: Logger, n: int,
     for _ in range(n):
         console.batch_start(state, logger)
         state.timestamp = state.timestamp.to_next_batch(samples=8, tokens=512)
-        loss = {"loss/train/total": torch.tensor(5.0 + state.timestamp.batch / 100)}
+        loss = {"loss/train/total": torch.tensor(5.0 + int(state.timestamp.batch) / 100)}
         if not loss_after_batch_end:
             logger.log_metrics(loss)
         logger.log_metrics({"lr-SGD/group0": 3e-3})  # a callback at BATCH_END

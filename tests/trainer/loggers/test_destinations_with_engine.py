@@ -31,7 +31,7 @@ def test_loop_through_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     bar = ProgressBarLogger(stream=io.StringIO())
     destinations = [ConsoleLogger(log_interval=2), file_logger, bar, memory]
     logger = Logger(state, destinations)
-    engine = Engine(state, logger, destinations)
+    engine = Engine(state, logger, destinations=destinations)
 
     engine.run_event(Event.INIT)
     logger.log_hyperparameters({"lr": 3e-3})
@@ -61,9 +61,10 @@ def test_loop_through_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     for destination in destinations:
         destination.close()  # a second close is safe
 
-    assert memory.data["lr-AdamW/group0"][-1] == (6, pytest.approx(3e-3))
+    steps, lrs = memory.steps_and_values("lr-AdamW/group0")
+    assert (steps[-1], lrs[-1]) == (6, pytest.approx(3e-3))
     assert "throughput/samples_per_sec" in memory.most_recent_values
-    assert len(memory.data["wall_clock/train"]) == 6
+    assert len(memory.data["time/train"]) == 6
     records = [json.loads(line) for line in
                (tmp_path / "engine-run" / "metrics.jsonl").read_text().splitlines()]
     assert {"step", "loss/train/total"} <= set(records[0])

@@ -129,7 +129,7 @@ def test_offline_run_holds_metrics_and_hyperparameters(tmp_path: Path) -> None:
     # The summary holds the last value of every metric, the same as was logged.
     for key in ("loss/train/total", "metrics/eval/MulticlassAccuracy"):
         assert run["summary"][key] == pytest.approx(memory.most_recent_values[key])
-    steps, losses = memory.get_timeseries("loss/train/total")
+    steps, losses = memory.steps_and_values("loss/train/total")
     history = [(row["_step"], row["loss/train/total"]) for row in run["history"]
                if "loss/train/total" in row]
     assert history == [(s, pytest.approx(v)) for s, v in zip(steps, losses)]
@@ -144,6 +144,21 @@ def test_default_dir_is_the_save_folder(tmp_path: Path) -> None:
     trainer.fit()
     trainer.close()
     assert len(offline_runs(tmp_path / "r")) == 1
+
+
+def test_wandb_dir_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no ``dir``, WANDB_DIR wins over the save folder (as wandb itself does)."""
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "scratch"))
+    wandb_logger = WandBLogger()
+    trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(num_batches=1),
+                      max_duration="1ba", seed=0, progress_bar=False, run_name="scratchy",
+                      save_folder=str(tmp_path / "save"), save_interval=None,
+                      loggers=[wandb_logger])
+    trainer.fit()
+    trainer.close()
+    (run_dir,) = offline_runs(tmp_path / "scratch")
+    assert read_offline_run(run_dir)["name"] == "scratchy"
+    assert not (tmp_path / "save" / "wandb").exists()
 
 
 @pytest.mark.world_size(2)
@@ -232,6 +247,21 @@ def test_buffers_until_init_converts_tensors_and_finishes_once(
     assert run.finished == 1
     logger.log_metrics({"late": 1.0}, step=4)  # after close: dropped, no error
     assert len(run.logged) == 2
+
+
+def test_dir_argument_wins_over_wandb_dir(fake_wandb: list[FakeRun], tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "scratch"))
+    state = _state(tmp_path / "save")
+    for wandb_logger, expected in ((WandBLogger(dir=str(tmp_path / "mine")), tmp_path / "mine"),
+                                   (WandBLogger(), tmp_path / "scratch")):
+        wandb_logger.init(state, Logger(state, [wandb_logger]))
+        assert fake_wandb[-1].init_kwargs["dir"] == str(expected)
+        assert expected.is_dir()
+    monkeypatch.setenv("WANDB_DIR", "")  # empty: unset, the save folder is used
+    wandb_logger = WandBLogger()
+    wandb_logger.init(state, Logger(state, [wandb_logger]))
+    assert fake_wandb[-1].init_kwargs["dir"] == str(tmp_path / "save")
 
 
 def test_rank_zero_only(fake_wandb: list[FakeRun], tmp_path: Path,

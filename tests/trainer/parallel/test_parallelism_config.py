@@ -73,8 +73,8 @@ def test_wrong_types() -> None:
 
 
 def test_other_parallelism_is_refused() -> None:
-    with pytest.raises(ValueError, match="tp: only data parallelism"):
-        parse_parallelism_config({"tp": {"degree": 2}})
+    with pytest.raises(ValueError, match="pp: not supported: cadence runs data parallelism"):
+        parse_parallelism_config({"pp": {"degree": 2}})
     with pytest.raises(ValueError, match="Did you mean 'fsdp'"):
         parse_parallelism_config({"fdsp": {}})
 
@@ -116,15 +116,29 @@ def test_trainer_rejects_bad_config_before_any_event() -> None:
     assert counter.events == []
 
 
-def test_fsdp_activation_checkpointing_key_adds_the_algorithm() -> None:
+def test_fsdp_activation_checkpointing_key_is_the_plans_first_step() -> None:
+    """The fsdp keys become the plan's activation-checkpointing step; the algorithm is not
+    added (the Trainer imports none), and blocks the algorithm already checkpointed at INIT
+    keep its settings."""
     from cadence import Trainer
     from cadence.algorithms.activation_checkpointing import ActivationCheckpointing
-    from tests.common.models import SimpleModel
+    from cadence.models.gpt import gpt2
+    from cadence.trainer.parallel import ParallelPlan
+    from cadence.trainer.parallel.activation_checkpointing import (
+        apply_ac, apply_activation_checkpointing, is_checkpointed,
+    )
 
-    trainer = Trainer(model=SimpleModel(), progress_bar=False)
-    trainer.parallelism_config = parse_parallelism_config(
-        {"fsdp": {"activation_checkpointing": True, "activation_cpu_offload": True}})
-    trainer._add_fsdp_activation_checkpointing()
-    trainer._add_fsdp_activation_checkpointing()  # not twice
-    added = [a for a in trainer.state.algorithms if isinstance(a, ActivationCheckpointing)]
-    assert len(added) == 1 and added[0].offload_to_cpu
+    plan = ParallelPlan(parse_parallelism_config(
+        {"fsdp": {"activation_checkpointing": False, "activation_cpu_offload": True}}))
+    assert plan.activation_checkpointing is not None
+    assert (plan.activation_checkpointing.every_n, plan.activation_checkpointing.offload_to_cpu) \
+        == (0, True)
+    model = gpt2(n_layer=2, n_head=2, n_embd=16, vocab_size=32, max_seq_len=8)
+    apply_activation_checkpointing(model, every_n=2)  # what the algorithm does at INIT
+    assert apply_ac(model, plan.activation_checkpointing) == {"checkpointed": [], "offloaded": []}
+    assert [is_checkpointed(b) for b in model.model.transformer.h] == [False, True]
+    trainer = Trainer(model=gpt2(n_layer=1, n_head=2, n_embd=16, vocab_size=32, max_seq_len=8),
+                      progress_bar=False, device="cpu",
+                      parallelism_config={"fsdp": {"activation_checkpointing": True}})
+    assert not any(isinstance(a, ActivationCheckpointing) for a in trainer.state.algorithms)
+    assert all(is_checkpointed(b) for b in trainer.state.model.model.transformer.h)

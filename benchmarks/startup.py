@@ -1,0 +1,211 @@
+"""What a person waits for before training starts: fresh-process startup of cadence (issue 15).
+
+Each row is one command, run ``--trials`` times (default 5) in a fresh process; rounds are
+interleaved (every row once per round, the order rotating each round) so load from other
+processes falls on every row alike. Reported per row: the median wall time (seconds, from
+``Popen`` to the child's exit), the median peak resident memory of the child (MiB:
+``ru_maxrss`` of the child's own resource usage, as ``resource.getrusage(RUSAGE_CHILDREN)``
+reports it, read per child with ``os.wait4``), and the ratio of its median wall time to that
+of ``import torch`` measured in the same run. Rows:
+
+- ``python -c "import torch"``: the floor every PyTorch program pays.
+- ``python -c "import cadence"``: imports nothing heavy (names are imported on first use).
+- ``cadence --help``: the parser only; no torch.
+- ``cadence train yamls/quickstart.yaml max_duraton=1ba``: a typo in a run file, refused
+  with exit status 2 and a "did you mean" message (the row checks the status).
+- ``python -c "from cadence import Trainer"`` (``--extra``): the first use of the Trainer.
+
+Targets (issue 15; printed beside the figures): ``cadence --help`` under 0.3 s, the schema
+error under 0.5 s, ``import cadence`` within 1.1x of ``import torch``.
+
+Run from anywhere (the commands run in the repository root)::
+
+    python benchmarks/startup.py              # plain-text table
+    python benchmarks/startup.py --markdown   # the table of docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Optional, Sequence
+
+__all__ = ["Row", "Result", "rows", "run_once", "measure", "format_table", "main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Row:
+    """One command of the table.
+
+    Args:
+        key: short name (``--only`` takes these).
+        label: what the table shows.
+        argv: the command.
+        status: the exit status the command must end with.
+        target_s: the issue's wall-time target in seconds, or None.
+        target_ratio: the issue's target as a ratio to ``import torch``, or None.
+    """
+
+    key: str
+    label: str
+    argv: tuple[str, ...]
+    status: int = 0
+    target_s: Optional[float] = None
+    target_ratio: Optional[float] = None
+
+
+@dataclass
+class Result:
+    """The trials of one row: wall seconds and peak MiB, one entry per fresh process."""
+
+    row: Row
+    wall_s: list[float]
+    peak_mib: list[float]
+
+
+def _cadence_command() -> list[str]:
+    """The ``cadence`` console script beside this interpreter, else ``python -m cadence``."""
+    script = Path(sys.executable).parent / "cadence"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "cadence"]
+
+
+def rows(extra: bool = False) -> list[Row]:
+    """The table's rows; ``extra`` adds the first use of the Trainer."""
+    py, cadence = sys.executable, _cadence_command()
+    table = [
+        Row("torch", 'python -c "import torch"', (py, "-c", "import torch")),
+        Row("import", 'python -c "import cadence"', (py, "-c", "import cadence"),
+            target_ratio=1.1),
+        Row("help", "cadence --help", (*cadence, "--help"), target_s=0.3),
+        Row("schema", "cadence train yamls/quickstart.yaml max_duraton=1ba (refused)",
+            (*cadence, "train", "yamls/quickstart.yaml", "max_duraton=1ba"), status=2,
+            target_s=0.5),
+    ]
+    if extra:
+        table.append(Row("trainer", 'python -c "from cadence import Trainer"',
+                         (py, "-c", "from cadence import Trainer")))
+    return table
+
+
+def run_once(row: Row) -> tuple[float, float]:
+    """Run ``row`` once in a fresh process.
+
+    Returns:
+        ``(wall seconds, peak resident MiB)`` of the child.
+
+    Raises:
+        RuntimeError: the command ended with another status than ``row.status`` (the
+            message holds the end of its stderr).
+    """
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(row.argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+        _, wait_status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(wait_status)  # reaped by wait4
+        if proc.returncode != row.status:
+            err.seek(0)
+            tail = err.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"{row.label!r} exited with {proc.returncode}, expected "
+                               f"{row.status}:\n{tail}")
+    # ru_maxrss is in KiB on Linux, in bytes on macOS.
+    peak = usage.ru_maxrss / (1024 * 1024 if sys.platform == "darwin" else 1024)
+    return wall, peak
+
+
+def measure(table: Sequence[Row], trials: int) -> list[Result]:
+    """Run every row ``trials`` times, interleaved round by round with a rotating order."""
+    results = [Result(row, [], []) for row in table]
+    for trial in range(trials):
+        shift = trial % len(results)
+        for result in results[shift:] + results[:shift]:
+            wall, peak = run_once(result.row)
+            result.wall_s.append(wall)
+            result.peak_mib.append(peak)
+    return results
+
+
+def _target(result: Result, torch_s: Optional[float]) -> str:
+    wall = statistics.median(result.wall_s)
+    row = result.row
+    if row.target_s is not None:
+        return f"< {row.target_s:g} s: {'met' if wall < row.target_s else 'MISSED'}"
+    if row.target_ratio is not None and torch_s:
+        met = wall <= row.target_ratio * torch_s
+        return f"<= {row.target_ratio:g}x torch: {'met' if met else 'MISSED'}"
+    return ""
+
+
+def format_table(results: Sequence[Result], markdown: bool = False) -> str:
+    """The table: command, median wall s, ratio to ``import torch``, median peak MiB, target."""
+    torch_s = next((statistics.median(r.wall_s) for r in results if r.row.key == "torch"), None)
+    head = ("command", "wall s", "vs import torch", "peak MiB", "target")
+    body = []
+    for result in results:
+        wall = statistics.median(result.wall_s)
+        ratio = f"{wall / torch_s:.2f}x" if torch_s else "-"
+        label = f"`{result.row.label}`" if markdown else result.row.label
+        body.append((label, f"{wall:.3f}", ratio, f"{statistics.median(result.peak_mib):.0f}",
+                     _target(result, torch_s)))
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(cells) + " |" for cells in body]
+        return "\n".join(lines)
+    widths = [max(len(str(r[i])) for r in (head, *body)) for i in range(len(head))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
+                     for cells in (head, *body))
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Measure and print the startup table. Returns 0."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=5,
+                        help="fresh processes per row; the median is reported (5)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated row keys: torch,import,help,schema,trainer")
+    parser.add_argument("--extra", action="store_true",
+                        help="add `from cadence import Trainer` (the first use)")
+    parser.add_argument("--markdown", action="store_true", help="print a markdown table")
+    args = parser.parse_args(argv)
+    if args.trials < 1:
+        parser.error("--trials must be >= 1")
+    table = rows(extra=args.extra or (args.only is not None and "trainer" in args.only))
+    if args.only:
+        keys = {k.strip() for k in args.only.split(",") if k.strip()}
+        unknown = keys - {row.key for row in table}
+        if unknown:
+            parser.error(f"unknown --only keys {sorted(unknown)}; choose from "
+                         f"{[row.key for row in table]}")
+        table = [row for row in table if row.key in keys]
+    load_before = os.getloadavg()
+    results = measure(table, args.trials)
+    load_after = os.getloadavg()
+    print(f"# benchmarks/startup.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"torch {_version('torch')}, transformers {_version('transformers')}")
+    print(f"# median of {args.trials} fresh processes per row, rounds interleaved; load "
+          f"average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    print(format_table(results, markdown=args.markdown))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

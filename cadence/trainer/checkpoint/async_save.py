@@ -1,0 +1,273 @@
+"""Asynchronous checkpointing: the training loop waits only while the state is copied to CPU
+memory; the files are written by a background thread.
+
+One save (:meth:`AsyncCheckpointer.save`, every rank calls it) goes:
+
+1. In the loop (blocking): wait for the previous save, if one is still in flight (at most one
+   is); collect the checkpoint's state as the synchronous save does
+   (:func:`~cadence.trainer.checkpoint.checkpoint.collect_checkpoint`, a collective); copy
+   its tensors to fresh CPU memory, so training can change the live ones. ``sharded``:
+   ``torch.distributed.checkpoint.async_save`` stages (its ``FileSystemWriter`` copies to
+   CPU) and writes the shards in its own thread; ``full``: cadence copies, and its writer
+   thread writes the file on rank 0.
+2. In the background (every rank, collectives on a checkpoint-only gloo process group, so
+   they never interleave with the loop's): the files are written under the temporary name,
+   hashed while written (the same :class:`~cadence.trainer.checkpoint.manifest.HashingFile`
+   and :class:`~cadence.trainer.checkpoint.manifest.HashingFileSystemWriter` as the
+   synchronous save); every rank's outcome is shared; rank 0 writes ``extra.pt`` and the
+   CRC32C manifest, renames the temporary into place, and only then the caller's
+   ``on_written`` runs (the ``CheckpointSaver`` moves the ``latest`` pointer and rotates), so
+   a process killed at any point of the background write resumes from the previous
+   checkpoint.
+3. A failed background write (a full disk, an I/O error) removes the temporary on every rank
+   and is raised in the loop by the next :meth:`AsyncCheckpointer.poll` (the saver polls at
+   every event), :meth:`AsyncCheckpointer.wait` or the next save, naming the file being
+   written and the previous checkpoint, which is intact. Never silently.
+
+Memory: a second copy of the checkpointed state (model and optimizer; on rank 0 the full
+model for ``full``) lives in CPU memory while the write is in flight.
+
+Source: ``torch.distributed.checkpoint.async_save`` (PyTorch DCP docs, "Asynchronous
+Saving"); torchtitan's ``async_mode: async``; Composer's ``CheckpointSaver``.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as torch_dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from cadence.trainer import dist
+from cadence.trainer.checkpoint.checkpoint import collect_checkpoint, rename_into_place
+from cadence.trainer.checkpoint.errors import CheckpointWriteError
+from cadence.trainer.checkpoint.files import remove_temporary, temporary_path
+from cadence.trainer.checkpoint.manifest import HashingFileSystemWriter
+from cadence.trainer.checkpoint.writing import (  # _os_error: same package
+    _os_error, save_failure_message, write_extra_and_manifest, write_full_file,
+)
+from cadence.trainer.core.state import State
+
+__all__ = ["AsyncCheckpointer", "copy_to_cpu"]
+
+log = logging.getLogger(__name__)
+
+_NO_DIST_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
+
+
+def copy_to_cpu(obj: Any) -> Any:
+    """``obj`` with every tensor replaced by a copy in fresh CPU memory (dicts, lists and
+    tuples walked; other values kept). The snapshot a background writer may read while
+    training changes the originals."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: copy_to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(copy_to_cpu(v) for v in obj)
+    return obj
+
+
+@dataclass
+class _Save:
+    """One save: its final and temporary paths and the background job's future."""
+
+    path: Path
+    tmp: Path
+    done: Future[None]
+
+
+class AsyncCheckpointer:
+    """Writes checkpoints in the background, one at a time (see the module docstring).
+
+    Args:
+        checksums: record each file's CRC32C while writing (default), as the synchronous
+            save does.
+
+    Use on every rank, in step: ``save`` (blocks while staging), ``poll`` at events,
+    ``wait`` before the end of training, ``close`` at the end.
+    """
+
+    def __init__(self, checksums: bool = True) -> None:
+        self.checksums = checksums
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self._group: Any = None  # the checkpoint-only process group, made at the first save
+        self._in_flight: Optional[_Save] = None
+
+    @property
+    def in_flight(self) -> Optional[Path]:
+        """The checkpoint being written in the background, if any (its final path)."""
+        return None if self._in_flight is None else self._in_flight.path
+
+    def save(self, state: State, path: Path, fmt: str = "full", weights_only: bool = False,
+             metadata: Optional[dict[str, Any]] = None,
+             on_written: Optional[Callable[[], None]] = None) -> None:
+        """Start saving ``state`` to ``path`` (every rank calls it): waits for the save in
+        flight, stages the state to CPU memory and returns; the files are written, renamed
+        into place and ``on_written`` is called (on every rank, in the writer thread; rank
+        0 moves the ``latest`` pointer there) in the background.
+
+        Raises:
+            ValueError: unknown ``fmt``.
+            CheckpointWriteError: the previous background save failed (names the file).
+        """
+        self.wait()
+        tensors, extra = collect_checkpoint(state, fmt, weights_only, metadata)
+        token = [secrets.token_hex(4)]
+        dist.broadcast_object_list(token)
+        tmp = temporary_path(path, state.run_name, token[0])
+        group = self._checkpoint_group()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1,
+                                                thread_name_prefix="cadence-checkpoint")
+        if fmt == "full":
+            staged = copy_to_cpu({**tensors, **extra}) if dist.get_global_rank() == 0 else {}
+            job = self._executor.submit(self._write_full, staged, path, tmp, state.run_name,
+                                        group, on_written)
+        else:
+            tmp.mkdir(parents=True, exist_ok=True)
+            writer = HashingFileSystemWriter(tmp, hashing=self.checksums)
+            if not dist.is_initialized():  # DCP warns in its thread that one process is meant
+                warnings.filterwarnings("ignore", message=_NO_DIST_WARNING, category=UserWarning)
+            upload = dcp.async_save(tensors, storage_writer=writer, process_group=group,
+                                    no_dist=not dist.is_initialized())  # stages, then writes
+            job = self._executor.submit(self._finish_sharded, upload, writer,
+                                        copy_to_cpu(extra), path, tmp, state.run_name, group,
+                                        on_written)
+        self._in_flight = _Save(path, tmp, job)
+
+    def poll(self) -> None:
+        """Raise the in-flight save's failure if it has failed by now; never blocks.
+
+        Raises:
+            CheckpointWriteError: the background save failed (names the file).
+        """
+        if self._in_flight is not None and self._in_flight.done.done():
+            self.wait()
+
+    def wait(self) -> Optional[Path]:
+        """Block until the save in flight (if any) is written and committed on every rank.
+
+        Returns:
+            The checkpoint's path, or None when none was in flight.
+
+        Raises:
+            CheckpointWriteError: the background save failed (names the file).
+        """
+        if self._in_flight is None:
+            return None
+        save, self._in_flight = self._in_flight, None
+        save.done.result()
+        return save.path
+
+    def close(self) -> None:
+        """Wait for the save in flight and stop the writer thread (idempotent).
+
+        Raises:
+            CheckpointWriteError: the save in flight failed (names the file).
+        """
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+    # ------------------------------------------------------------------ background
+    def _checkpoint_group(self) -> Any:
+        """A gloo group of all ranks for the writer thread's collectives (None in one
+        process), so they never interleave with the loop's on the default group."""
+        if self._group is None and dist.is_initialized():
+            self._group = torch_dist.new_group(backend="gloo")
+        return self._group
+
+    def _write_full(self, obj: dict[str, Any], path: Path, tmp: Path, run_name: str,
+                    group: Any, on_written: Optional[Callable[[], None]]) -> None:
+        failure: Optional[BaseException] = None
+        if dist.get_global_rank() == 0:
+            try:
+                write_full_file(obj, path, tmp, run_name, self.checksums)
+            except Exception as exc:
+                failure = exc
+        _agree(failure, tmp, path, group)
+        _commit(path, tmp, group, on_written)
+
+    def _finish_sharded(self, upload: Any, writer: HashingFileSystemWriter,
+                        extra: dict[str, Any], path: Path, tmp: Path, run_name: str,
+                        group: Any, on_written: Optional[Callable[[], None]]) -> None:
+        failure: Optional[BaseException] = None
+        try:
+            upload.result()  # DCP's thread: every rank's shards and .metadata
+        except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
+            failure = exc
+        _agree(failure, tmp, path, group)
+        digests = _all_gather(writer.digests, group)
+        if dist.get_global_rank() == 0:
+            try:
+                write_extra_and_manifest(extra, digests, tmp, run_name, self.checksums)
+            except Exception as exc:
+                failure = exc
+        _agree(failure, tmp, path, group)
+        _commit(path, tmp, group, on_written)
+
+
+def _commit(path: Path, tmp: Path, group: Any, on_written: Optional[Callable[[], None]]) -> None:
+    """Every rank's part is on disk: rank 0 renames the temporary into place, then (every
+    rank) ``on_written``; a failure of either fails the save on every rank."""
+    failure: Optional[BaseException] = None
+    try:
+        if dist.get_global_rank() == 0:
+            rename_into_place(tmp, path)
+        _barrier(group)
+        if on_written is not None:
+            on_written()
+    except Exception as exc:
+        failure = exc
+    _agree(failure, tmp, path, group)
+    log.info("Saved checkpoint %s (asynchronously)", path)
+
+
+def _all_gather(obj: Any, group: Any) -> list[Any]:
+    if group is None:
+        return [obj]
+    out: list[Any] = [None] * torch_dist.get_world_size(group)
+    torch_dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def _barrier(group: Any) -> None:
+    if group is not None:
+        torch_dist.barrier(group=group)
+
+
+def _agree(failure: Optional[BaseException], tmp: Path, path: Path, group: Any) -> None:
+    """A collective on ``group``: if this step failed on any rank, remove the temporary
+    ``tmp`` (rank 0) and raise on every rank.
+
+    Raises:
+        CheckpointWriteError: naming the checkpoint, the failing rank and the file it was
+            writing (``errno`` as the underlying error's, when it was an ``OSError``).
+    """
+    mine = None if failure is None else (save_failure_message(failure, tmp, path)
+                                         or f"{type(failure).__name__}: {str(failure)[:300]}")
+    failed = [(rank, message) for rank, message in enumerate(_all_gather(mine, group))
+              if message is not None]
+    if not failed:
+        return
+    if dist.get_global_rank() == 0:
+        remove_temporary(tmp)
+    _barrier(group)
+    rank, message = ((dist.get_global_rank(), mine) if mine is not None else failed[0])
+    error = CheckpointWriteError(f"The asynchronous save of checkpoint {path} failed on rank "
+                                 f"{rank}: {message}")
+    os_error = None if failure is None else _os_error(failure)
+    error.errno = None if os_error is None else os_error.errno
+    raise error from failure

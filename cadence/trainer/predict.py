@@ -1,0 +1,75 @@
+"""``Trainer.predict``: run the model over a dataloader and collect its outputs, firing the
+``PREDICT_*`` events.
+
+Source: MosaicML Composer's ``Trainer.predict`` (``composer/trainer/trainer.py``): same
+arguments, events and return value.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+from cadence.trainer.core import Engine, Event, State
+from cadence.trainer.microbatch import batch_to_device
+from cadence.trainer.precision import Precision, get_precision_context
+
+__all__ = ["predict_loop", "to_cpu"]
+
+
+def to_cpu(outputs: Any) -> Any:
+    """``outputs`` with every tensor detached and moved to the CPU (mappings, lists and
+    tuples rebuilt), so collected predictions do not hold device memory."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs.detach().cpu()
+    moved = batch_to_device(outputs, torch.device("cpu"))  # non-blocking copies ...
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()  # ... finished before anyone reads them
+    return moved
+
+
+def predict_loop(state: State, engine: Engine, dataloader: Iterable[Any],
+                 subset_num_batches: int = -1, return_outputs: bool = True) -> list[Any]:
+    """Forward every batch of ``dataloader`` (at most ``subset_num_batches``; ``-1``: all)
+    through ``state.model`` in eval mode without gradients, in the run's precision.
+
+    Events: ``PREDICT_START``; per batch ``PREDICT_BATCH_START``,
+    ``PREDICT_BEFORE_FORWARD``, ``PREDICT_AFTER_FORWARD`` (``state.outputs`` holds the
+    outputs; a callback may write them somewhere), ``PREDICT_BATCH_END``; ``PREDICT_END``.
+    The model's training mode is restored afterwards.
+
+    Returns:
+        The outputs of each batch, on the CPU, in order, when ``return_outputs``; else ``[]``
+        (outputs are dropped after ``PREDICT_BATCH_END``, to predict over data that does not
+        fit in memory).
+
+    Raises:
+        ValueError: ``subset_num_batches`` below ``-1``.
+    """
+    if subset_num_batches < -1:
+        raise ValueError(f"subset_num_batches must be -1 (all) or >= 0, got {subset_num_batches}.")
+    model = state.model
+    was_training = model.training
+    outputs: list[Any] = []
+    engine.run_event(Event.PREDICT_START)
+    model.eval()
+    try:
+        with torch.no_grad():
+            for index, batch in enumerate(dataloader):
+                if 0 <= subset_num_batches <= index:
+                    break
+                state.batch = batch_to_device(batch, state.device)
+                engine.run_event(Event.PREDICT_BATCH_START)
+                engine.run_event(Event.PREDICT_BEFORE_FORWARD)
+                with get_precision_context(Precision(state.precision), state.device):
+                    state.outputs = model(state.batch)
+                engine.run_event(Event.PREDICT_AFTER_FORWARD)
+                if return_outputs:
+                    outputs.append(to_cpu(state.outputs))
+                engine.run_event(Event.PREDICT_BATCH_END)
+                state.outputs = None
+    finally:
+        model.train(was_training)
+    engine.run_event(Event.PREDICT_END)
+    return outputs

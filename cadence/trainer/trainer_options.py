@@ -1,0 +1,142 @@
+"""Small pieces of the Trainer's argument handling that Composer users pass: the run name
+from the environment, ``auto_log_hparams``, console output, ``train_subset_num_batches``,
+``scale_schedule_ratio``, ``step_schedulers_every_batch`` and ``profiler``.
+
+Source: the arguments of MosaicML Composer's ``Trainer`` (``composer/trainer/trainer.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Mapping, Optional, TextIO, Union
+
+import torch
+
+from cadence.trainer.core import Time, TimeUnit
+
+__all__ = [
+    "RUN_NAME_ENV_VARS", "console_destinations", "extract_hparams", "profiler_callbacks",
+    "run_name_from_env", "scale_duration", "steps_schedulers_every_batch", "subset_len",
+]
+
+#: Read in this order when no ``run_name`` is given: cadence's, then Composer's two.
+RUN_NAME_ENV_VARS = ("CADENCE_RUN_NAME", "COMPOSER_RUN_NAME", "RUN_NAME")
+
+
+def run_name_from_env() -> Optional[str]:
+    """The run name from ``CADENCE_RUN_NAME``, ``COMPOSER_RUN_NAME`` or ``RUN_NAME`` (the
+    first set and non-empty), else None."""
+    for name in RUN_NAME_ENV_VARS:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
+def _hparam(value: Any) -> Any:
+    """A loggable form of an argument: numbers, strings, None and bools as they are, Times as
+    strings, containers item by item, anything else by its class name."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Time):
+        return str(value)
+    if isinstance(value, torch.device):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _hparam(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_hparam(v) for v in value]
+    return type(value).__name__
+
+
+def extract_hparams(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The Trainer's arguments as hyperparameters (``auto_log_hparams=True``), as Composer's
+    ``extract_hparams``: objects (model, dataloaders, optimizers, callbacks) appear by
+    class name, plain values as they are."""
+    return {name: _hparam(value) for name, value in arguments.items()
+            if name not in ("self", "hyperparameters") and not name.startswith("_")}
+
+
+def subset_len(length: Optional[int], subset_num_batches: int) -> Optional[int]:
+    """The batches per epoch with ``train_subset_num_batches`` (``-1``: the dataloader's
+    length; with an unsized dataloader, the subset is the epoch's length).
+
+    Raises:
+        ValueError: ``subset_num_batches`` is 0 or below -1.
+    """
+    if subset_num_batches == -1:
+        return length
+    if not isinstance(subset_num_batches, int) or subset_num_batches < 1:
+        raise ValueError(f"train_subset_num_batches must be -1 (all) or a positive int, got "
+                         f"{subset_num_batches!r}.")
+    return subset_num_batches if length is None else min(int(length), subset_num_batches)
+
+
+def scale_duration(duration: Optional[Time], ratio: float) -> Optional[Time]:
+    """``max_duration`` scaled by ``scale_schedule_ratio`` (Composer: ``int(value * ratio)``).
+
+    Raises:
+        ValueError: a ratio that is not positive.
+    """
+    if ratio <= 0:
+        raise ValueError(f"scale_schedule_ratio must be > 0, got {ratio}.")
+    if duration is None or ratio == 1.0:
+        return duration
+    return Time(int(duration.value * ratio), duration.unit)
+
+
+def steps_schedulers_every_batch(schedulers: list[Any], every_batch: Optional[bool]) -> bool:
+    """Whether schedulers step after every batch (else after every epoch). ``None`` is
+    Composer's default: every batch, unless a scheduler is a torch ``LRScheduler`` (whose
+    arguments count epochs), then every epoch."""
+    if every_batch is not None:
+        return bool(every_batch)
+    return not any(isinstance(s, torch.optim.lr_scheduler.LRScheduler) for s in schedulers)
+
+
+def _stream(console_stream: Union[str, TextIO, None]) -> Optional[TextIO]:
+    if console_stream is None or not isinstance(console_stream, str):
+        return console_stream
+    streams = {"stdout": sys.stdout, "stderr": sys.stderr}
+    if console_stream not in streams:
+        raise ValueError(f"console_stream must be 'stdout', 'stderr' or a stream, got "
+                         f"{console_stream!r}.")
+    return streams[console_stream]
+
+
+def console_destinations(destinations: list[Any], progress_bar: bool, log_to_console: bool,
+                         console_stream: Union[str, TextIO, None],
+                         console_log_interval: Union[int, str, Time]) -> list[Any]:
+    """The destinations to add for console output.
+
+    ``log_to_console=True`` adds a :class:`~cadence.trainer.loggers.ConsoleLogger` printing
+    every ``console_log_interval`` to ``console_stream``; otherwise, with ``progress_bar``,
+    the default progress destination (a bar on a terminal, plain lines elsewhere). Nothing
+    is added when ``destinations`` already has a progress destination.
+    """
+    if any(getattr(d, "is_progress", False) for d in destinations):
+        return []
+    from cadence.trainer.loggers import ConsoleLogger, default_progress_destination
+
+    interval = Time.from_input(console_log_interval, TimeUnit.BATCH)
+    if log_to_console:
+        return [ConsoleLogger(log_interval=interval, stream=_stream(console_stream))]
+    progress = default_progress_destination(progress_bar, interval, _stream(console_stream))
+    return [] if progress is None else [progress]
+
+
+def profiler_callbacks(profiler: Any) -> list[Any]:
+    """The callbacks a ``profiler`` argument adds: the profiler itself when it is a callback
+    (cadence's :class:`~cadence.callbacks.profiler.ProfilerCallback`, or anything with
+    ``run_event``), else none.
+
+    Raises:
+        TypeError: ``profiler`` is not a callback.
+    """
+    if profiler is None:
+        return []
+    if callable(getattr(profiler, "run_event", None)):
+        return [profiler]
+    raise TypeError(f"profiler must be a callback (e.g. cadence.callbacks.ProfilerCallback), "
+                    f"got {type(profiler).__name__}.")

@@ -1,0 +1,162 @@
+"""First contact stays light (issue 15): ``cadence --help`` imports no torch, ``import cadence``
+imports none of the heavy packages, and every lazily exported name still resolves.
+
+Each check runs in a fresh interpreter and reads its ``sys.modules``: what a fresh process
+imported, not how long it took (timings are in ``benchmarks/startup.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+#: What ``import cadence`` must leave unimported (issue 15, item 3).
+HEAVY = ("torch.distributed.fsdp", "torch.distributed.tensor", "torch.distributed.checkpoint",
+         "transformers", "torchmetrics", "wandb", "omegaconf")
+
+#: Packages whose ``__init__`` re-exports lazily; importing one must not import ``HEAVY``.
+LAZY_PACKAGES = ("cadence", "cadence.algorithms", "cadence.callbacks", "cadence.metrics",
+                 "cadence.models", "cadence.trainer")
+
+
+def imported_after(code: str) -> set[str]:
+    """The names in ``sys.modules`` after running ``code`` in a fresh interpreter.
+
+    ``code`` may raise ``SystemExit`` (as ``--help`` does); stdout is discarded.
+    """
+    probe = (
+        "import io, json, sys\n"
+        "out, sys.stdout = sys.stdout, io.StringIO()\n"
+        "try:\n"
+        + "".join(f"    {line}\n" for line in code.splitlines())
+        + "except SystemExit:\n"
+        "    pass\n"
+        "sys.stdout = out\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return set(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def heavy_in(modules: set[str], packages: tuple[str, ...]) -> list[str]:
+    """The entries of ``packages`` (or their submodules) that are in ``modules``."""
+    return sorted(p for p in packages
+                  if any(m == p or m.startswith(p + ".") for m in modules))
+
+
+def imported_by_cli(argv: list[str], status: int = 0) -> set[str]:
+    """The modules a fresh ``python -m cadence ARGV`` process imports (``-X importtime``
+    lists each module as it is first imported; only the names are read here)."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "cadence", *argv],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == status, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    return {line.rsplit("|", 1)[1].strip() for line in lines[1:]}  # [0] is the header
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["launch", "--help"],
+                                  ["convert", "--help"], ["plot", "--help"], []])
+def test_cli_help_imports_no_torch(argv: list[str]) -> None:
+    modules = imported_by_cli(argv, status=0 if argv else 2)  # no command: usage, status 2
+    assert {"cadence.cli", "argparse"} <= modules  # the listing is complete enough to trust
+    assert heavy_in(modules, ("torch", "transformers", "numpy")) == []
+
+
+def test_the_check_sees_torch_when_it_is_imported() -> None:
+    # The probe is not blind: `convert` needs the checkpoint code, which imports torch.
+    modules = imported_by_cli(["convert", "no-such-checkpoint", "--to", "full", "out.pt"], 1)
+    assert "torch" in modules
+
+
+@pytest.mark.parametrize("package", LAZY_PACKAGES)
+def test_import_package_leaves_heavy_packages_unimported(package: str) -> None:
+    modules = imported_after(f"import {package}")
+    assert package in modules
+    assert heavy_in(modules, HEAVY) == []
+
+
+def test_import_cadence_imports_no_torch() -> None:
+    assert heavy_in(imported_after("import cadence"), ("torch",)) == []
+
+
+def test_first_use_imports_the_defining_module() -> None:
+    modules = imported_after("import cadence\ncadence.Event")
+    assert "cadence.trainer.core.event" in modules and "torch" in modules
+    assert "cadence.trainer.trainer" not in modules  # only what the name needs
+
+
+@pytest.mark.parametrize("package", LAZY_PACKAGES)
+def test_every_exported_name_resolves_and_is_listed(package: str) -> None:
+    module = importlib.import_module(package)
+    missing = [name for name in module.__all__ if not hasattr(module, name)]
+    assert missing == []
+    assert set(module.__all__) <= set(dir(module))
+    with pytest.raises(AttributeError, match="no attribute 'NotAName'"):
+        getattr(module, "NotAName")
+
+
+def test_lazy_names_are_the_defining_objects() -> None:
+    import cadence
+    from cadence import Trainer, dist
+    from cadence.trainer.core.time import Time
+    from cadence.trainer.dist import get_world_size
+    from cadence.trainer.trainer import Trainer as DefiningTrainer
+
+    assert Trainer is DefiningTrainer and cadence.Time is Time
+    assert dist.get_world_size is get_world_size and cadence.dist is dist
+
+
+def test_metrics_path_exports_what_the_metrics_module_does() -> None:
+    from cadence import metrics
+    from cadence.models import metrics as defining
+
+    assert sorted(metrics.__all__) == sorted(defining.__all__)
+
+
+@pytest.mark.parametrize("package", ["cadence.algorithms", "cadence.callbacks"])
+def test_registry_imports_every_module_that_registers(package: str) -> None:
+    # Lazy packages register nothing on import; the registry imports their
+    # _REGISTERING_MODULES. A new module with a @register decorator must be listed there
+    # (checkpoint_saver is left out on purpose: the Trainer adds it from its save_* args).
+    from pathlib import Path
+
+    module = importlib.import_module(package)
+    registering = {
+        f"{package}.{path.stem}" for path in Path(module.__file__).parent.glob("*.py")
+        if ".register(" in path.read_text()
+    } - {"cadence.callbacks.checkpoint_saver"}
+    assert registering and registering == set(module._REGISTERING_MODULES)
+
+
+def test_registry_lists_lazily_imported_components_in_a_fresh_interpreter() -> None:
+    code = ("from cadence.trainer import registry\n"
+            "print(registry.algorithms.names(), registry.callbacks.names())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    for name in ("gradient_clipping", "ema", "speed_monitor", "lr_monitor", "nan_monitor"):
+        assert f"'{name}'" in out
+
+
+def test_startup_benchmark_prints_its_table() -> None:
+    # One trial of the two cheap rows: the script runs and its table has the rows asked for
+    # (no timing is asserted; the figures are in docs/benchmarks.md).
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "startup.py"
+    proc = subprocess.run([sys.executable, str(script), "--trials", "1", "--only",
+                           "import,help", "--markdown"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == ['python -c "import cadence"',
+                                                    "cadence --help"]
+    assert all(float(row.split("|")[2]) > 0 for row in rows)
+    bad = subprocess.run([sys.executable, str(script), "--only", "nope"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "unknown --only keys ['nope']" in bad.stderr
