@@ -28,7 +28,12 @@ batches.
 
     python benchmarks/checkpoint.py                    # about 5 minutes on 2 CPU cores
     python benchmarks/checkpoint.py --repeats 1 --n_layer 2   # a quick look
-    python benchmarks/checkpoint.py --world_sizes 1 --skip_resume   # the checksum table only
+    python benchmarks/checkpoint.py --world_sizes 1 --skip_resume   # the save/load tables only
+
+Asynchronous saves (``save_async``): the seconds the training loop is blocked per save, the
+synchronous save's time vs the time an asynchronous save takes to stage the state to CPU
+memory (:class:`cadence.trainer.checkpoint.async_save.AsyncCheckpointer`); the target is
+async at most 20 % of sync.
 """
 
 from __future__ import annotations
@@ -138,7 +143,37 @@ def _measure_save_load(args: argparse.Namespace, folder: str) -> list[dict[str, 
                          "load": statistics.median(t["load"]),
                          "verify": statistics.median(t["verify"]), "save_all": t["save"],
                          "load_all": t["load"], "bytes": size, "files": files})
+        rows[-1].update(_measure_async(state, fmt, Path(folder), args.repeats))
     return rows
+
+
+def _measure_async(state: Any, fmt: str, folder: Path, repeats: int) -> dict[str, Any]:
+    """Seconds the loop is blocked by an asynchronous save (``save_async``: staging to CPU
+    memory, until :meth:`AsyncCheckpointer.save` returns), and until the background write is
+    on disk and renamed (:meth:`AsyncCheckpointer.wait`); with checksums, after one uncounted
+    warm-up, median over ``repeats``. The loop is idle while the writer works here; in a real
+    run the two share the CPU."""
+    from cadence import dist
+    from cadence.trainer.checkpoint.async_save import AsyncCheckpointer
+
+    writer = AsyncCheckpointer()
+    blocked, written = [], []
+    for repeat in range(repeats + 1):
+        path = folder / (f"{fmt}-async-{repeat}" + (".pt" if fmt == "full" else ""))
+        dist.barrier()
+        start = time.perf_counter()
+        writer.save(state, path, fmt)
+        staged = time.perf_counter() - start  # the loop would go on here
+        writer.wait()
+        dist.barrier()
+        if repeat > 0:
+            blocked.append(staged)
+            written.append(time.perf_counter() - start)
+        if dist.get_global_rank() == 0:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    writer.close()
+    return {"async_blocked": statistics.median(blocked),
+            "async_written": statistics.median(written), "async_blocked_all": blocked}
 
 
 def _rank(rank: int, world: int, port: int, args: argparse.Namespace, folder: str,
@@ -301,6 +336,16 @@ def main(argv: Optional[list[str]] = None) -> None:
               f"{(crc['save'] - plain['save']) / plain['save']:+.1%} | {plain['load']:.2f} | "
               f"{crc['load']:.2f} | {(crc['load'] - plain['load']) / plain['load']:+.1%} | "
               f"{crc['verify']:.3f} | {crc['verify'] / crc['load']:.1%} |")
+    print("\nLoop blocked per save: synchronous (the whole save) vs save_async (staging to CPU "
+          "memory; the files are written by a background thread), with CRC32C; async written: "
+          "until the background write is on disk and renamed\n")
+    print("| format | ranks | loop blocked per save (s), sync | loop blocked per save (s), async | "
+          "async / sync | async written s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if r["checksums"]:
+            print(f"| {r['format']} | {r['ranks']} | {r['save']:.2f} | {r['async_blocked']:.2f} | "
+                  f"{r['async_blocked'] / r['save']:.1%} | {r['async_written']:.2f} |")
     if not resumes:
         print(f"\n(total {time.perf_counter() - started:.0f} s)")
         return

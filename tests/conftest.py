@@ -25,3 +25,22 @@ def pytest_pyfunc_call(pyfuncitem):  # type: ignore[no-untyped-def]
     kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
     run_in_processes(int(marker.args[0]), str(pyfuncitem.path), pyfuncitem.obj.__qualname__, kwargs)
     return True
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left_behind():  # type: ignore[no-untyped-def]
+    """Each test starts without a process group: a single-process FSDP2/TP run creates a
+    private one-rank group (see ``cadence.trainer.parallel.plan``), which would otherwise make
+    later tests in this process see world size 1 whatever ``WORLD_SIZE`` says."""
+    yield
+    import sys
+
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as torch_dist
+
+        if torch_dist.is_available() and torch_dist.is_initialized() \
+                and torch_dist.get_world_size() == 1:
+            torch_dist.destroy_process_group()

@@ -20,7 +20,7 @@ HEAVY = ("torch.distributed.fsdp", "torch.distributed.tensor", "torch.distribute
 
 #: Packages whose ``__init__`` re-exports lazily; importing one must not import ``HEAVY``.
 LAZY_PACKAGES = ("cadence", "cadence.algorithms", "cadence.callbacks", "cadence.metrics",
-                 "cadence.models", "cadence.trainer")
+                 "cadence.models", "cadence.trainer", "cadence.trainer.checkpoint")
 
 
 def imported_after(code: str) -> set[str]:

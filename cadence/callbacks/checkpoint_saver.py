@@ -186,6 +186,12 @@ class CheckpointSaver(Callback):
         if self._async is not None:
             self._async.wait()  # training ends with every checkpoint on disk
 
+    def wait(self) -> None:
+        """Block until a background save in flight (``save_async``) is on disk and
+        ``latest`` names it; raises its failure. A no-op for synchronous saves."""
+        if self._async is not None:
+            self._async.wait()
+
     def close(self) -> None:
         """Wait for a background save still in flight (raising its failure); idempotent."""
         if self._async is not None:

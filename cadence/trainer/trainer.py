@@ -514,6 +514,8 @@ class Trainer:
         from cadence.callbacks.checkpoint_saver import CheckpointSaver
 
         run_saver = next((c for c in self.state.callbacks if isinstance(c, CheckpointSaver)), None)
+        if run_saver is not None:
+            run_saver.wait()  # a background save in flight (save_async) moves latest first
         fsdp = self.parallelism_config.fsdp
         saver = CheckpointSaver(  # its own: the run's saver keeps its rotation list
             folder=self.state.save_folder or ".", overwrite=True, symlink_filename=None,

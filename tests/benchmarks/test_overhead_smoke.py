@@ -31,7 +31,7 @@ def test_overhead_script_runs_and_prints_the_table():
     trials are left out: each is two more interpreter starts)."""
     command = [sys.executable, str(SCRIPT), "--size", "null", "--rounds", "2", "--steps", "2",
                "--warmup", "1", "--startup-trials", "1", "--import-trials", "0", "--quiet",
-               "--markdown"]
+               "--markdown", "--process-rounds", "0"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env,
                             timeout=300)
@@ -48,11 +48,28 @@ def test_small_model_in_process(capsys):
     """The default model, in process (no subprocesses): every arm trains the same weights."""
     overhead = load_overhead()
     assert overhead.main(["--rounds", "1", "--steps", "2", "--warmup", "1",
-                          "--startup-trials", "0", "--import-trials", "0", "--quiet"]) == 0
+                          "--startup-trials", "0", "--import-trials", "0", "--quiet",
+                          "--process-rounds", "0"]) == 0
     out = capsys.readouterr().out
     assert "0.93 M parameters" in out
     assert "after training: 0 " in out
     assert out.count("\nraw ") == 1 and "\nbare " in out and "\ntrainer " in out
+
+
+def test_process_arms_reach_the_same_loss():
+    """The Hugging Face whole-process arms (one fresh interpreter per arm): each prints its
+    row, and all three end at the same loss (the same arithmetic)."""
+    command = [sys.executable, str(SCRIPT), "--process-only", "--process-rounds", "1",
+               "--process-steps", "3", "--process-warmup", "1", "--quiet", "--markdown"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split("|")[1].strip(): line.split("|")[-2].strip()
+            for line in result.stdout.splitlines() if line.startswith("| ")
+            and not line.startswith("| arm ")}
+    assert set(rows) == {"raw", "bare", "logging"}
+    assert len(set(rows.values())) == 1 and "," not in rows["raw"]  # one final loss for all
+    float(rows["raw"])
 
 
 def test_profile_mode(capsys):

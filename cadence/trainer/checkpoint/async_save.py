@@ -24,8 +24,12 @@ One save (:meth:`AsyncCheckpointer.save`, every rank calls it) goes:
    every event), :meth:`AsyncCheckpointer.wait` or the next save, naming the file being
    written and the previous checkpoint, which is intact. Never silently.
 
-Memory: a second copy of the checkpointed state (model and optimizer; on rank 0 the full
-model for ``full``) lives in CPU memory while the write is in flight.
+Memory: a second copy of the checkpointed state (model and optimizer) lives in CPU memory
+while a write is in flight; for ``full``, rank 0 keeps it from the first save to
+:meth:`AsyncCheckpointer.close` and each save copies into the previous one's buffers (several
+times faster than into fresh memory, which the kernel must map and zero first). ``sharded``
+stages with DCP's own ``FileSystemWriter`` stager into fresh memory (reusing buffers there
+measured slower; see ``benchmarks/checkpoint.py``).
 
 Source: ``torch.distributed.checkpoint.async_save`` (PyTorch DCP docs, "Asynchronous
 Saving"); torchtitan's ``async_mode: async``; Composer's ``CheckpointSaver``.
@@ -63,16 +67,33 @@ log = logging.getLogger(__name__)
 _NO_DIST_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
 
 
-def copy_to_cpu(obj: Any) -> Any:
-    """``obj`` with every tensor replaced by a copy in fresh CPU memory (dicts, lists and
-    tuples walked; other values kept). The snapshot a background writer may read while
-    training changes the originals."""
+def copy_to_cpu(obj: Any, reuse: Any = None) -> Any:
+    """``obj`` with every tensor replaced by a copy in CPU memory (dicts, lists and tuples
+    walked; other values kept): the snapshot a background writer may read while training
+    changes the originals.
+
+    Args:
+        obj: the tensors to copy (a state dict).
+        reuse: an earlier result for an ``obj`` of the same layout, no longer read by anyone:
+            each tensor of the same type, shape, dtype (and DTensor placements) is copied
+            into in place. Copying into memory already touched is several times faster than
+            into fresh memory (which the kernel must map and zero first).
+    """
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        src = obj.detach()
+        if (isinstance(reuse, torch.Tensor) and type(reuse) is type(src)
+                and reuse.shape == src.shape and reuse.dtype == src.dtype
+                and reuse.device.type == "cpu"
+                and getattr(reuse, "placements", None) == getattr(src, "placements", None)):
+            return reuse.copy_(src)
+        return src.to("cpu", copy=True)
     if isinstance(obj, dict):
-        return {k: copy_to_cpu(v) for k, v in obj.items()}
+        old = reuse if isinstance(reuse, dict) else {}
+        return {k: copy_to_cpu(v, old.get(k)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(copy_to_cpu(v) for v in obj)
+        olds = list(reuse) if isinstance(reuse, (list, tuple)) and len(reuse) == len(obj) else (
+            [None] * len(obj))
+        return type(obj)(copy_to_cpu(v, r) for v, r in zip(obj, olds))
     return obj
 
 
@@ -101,6 +122,8 @@ class AsyncCheckpointer:
         self._executor: Optional[ThreadPoolExecutor] = None
         self._group: Any = None  # the checkpoint-only process group, made at the first save
         self._in_flight: Optional[_Save] = None
+        # full: the previous save's CPU copies, reused by the next (one more copy of the state)
+        self._full_staged: Any = None
 
     @property
     def in_flight(self) -> Optional[Path]:
@@ -129,7 +152,9 @@ class AsyncCheckpointer:
             self._executor = ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="cadence-checkpoint")
         if fmt == "full":
-            staged = copy_to_cpu({**tensors, **extra}) if dist.get_global_rank() == 0 else {}
+            staged: Any = {}
+            if dist.get_global_rank() == 0:
+                staged = self._full_staged = copy_to_cpu({**tensors, **extra}, self._full_staged)
             job = self._executor.submit(self._write_full, staged, path, tmp, state.run_name,
                                         group, on_written)
         else:
@@ -177,6 +202,7 @@ class AsyncCheckpointer:
         try:
             self.wait()
         finally:
+            self._full_staged = None
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None

@@ -87,6 +87,14 @@ def _global_batch(state: Any, config: ParallelismConfig) -> Optional[int]:
     return batch_size * data_parallel_size(config)
 
 
+def _batches_per_epoch(state: Any) -> Optional[int]:
+    """``len(train_dataloader)`` on this layout, or None when it has no length."""
+    try:
+        return len(state.train_dataloader)
+    except TypeError:
+        return None
+
+
 def check_resume_layout(path: Any, state: Any, config: ParallelismConfig,
                         ignore_keys: Sequence[str] = ()) -> None:
     """Refuse, before anything is loaded, to resume ``path`` where the run cannot continue
@@ -94,7 +102,8 @@ def check_resume_layout(path: Any, state: Any, config: ParallelismConfig,
 
     Resuming mid-epoch needs the checkpoint's global batch: the timestamp's
     ``sample_in_epoch`` consumed samples must fill its ``batch_in_epoch`` batches of this
-    run's per-rank batch size times its data-parallel size (the last one may be partial).
+    run's per-rank batch size times its data-parallel size (the epoch's last batch may be
+    partial).
     Nothing is checked at an epoch boundary, for a loader without a ``batch_size``, or for
     a checkpoint whose timestamp cannot be read (loading then reports the damage).
 
@@ -118,12 +127,13 @@ def check_resume_layout(path: Any, state: Any, config: ParallelismConfig,
     batches = int((timestamp or {}).get("batch_in_epoch", 0))
     if batches <= 0:
         return
-    samples = int(timestamp.get("sample_in_epoch", 0))  # type: ignore[union-attr]
+    assert timestamp is not None  # batches > 0 came from it
+    samples, epoch = int(timestamp.get("sample_in_epoch", 0)), int(timestamp.get("epoch", 0))
     current = _global_batch(state, config)
-    # consistent: full batches of ``current`` samples, the last one possibly partial (a
-    # checkpoint at an epoch's last batch) or short of padding samples
-    if current is None or samples <= 0 or (batches - 1) * current < samples <= batches * current:
-        return
+    if current is None or samples <= 0 or samples == batches * current:
+        return  # full batches of this run's global batch
+    if _batches_per_epoch(state) == batches and (batches - 1) * current < samples:
+        return  # the epoch's last batch, partial (or short of the sampler's padding)
     saved_batch = -(-samples // batches)  # the checkpoint's global batch (rounded up)
     try:
         metadata = read_metadata(path)
@@ -136,8 +146,8 @@ def check_resume_layout(path: Any, state: Any, config: ParallelismConfig,
            f"({saved_batch} / {dp} data-parallel ranks)" if saved_batch % dp == 0 else
            f"use a data-parallel size that divides {saved_batch}")
     raise ValueError(
-        f"Cannot resume {path} mid-epoch (after batch {batches} of epoch "
-        f"{int(timestamp.get('epoch', 0))}) on this layout: the checkpoint was written "  # type: ignore[union-attr]
+        f"Cannot resume {path} mid-epoch (after batch {batches} of epoch {epoch}) on this "
+        f"layout: the checkpoint was written "
         f"by {describe_layout(saved)} with a global batch of {saved_batch} samples; this "
         f"run has {describe_layout(mine)} and a global batch of {current} "
         f"({current // dp} per rank x {dp} data-parallel ranks), so the rest of the epoch "

@@ -102,10 +102,15 @@ def test_sigkill_while_a_background_write_is_in_flight_resumes_bit_exactly(
 
     markers = tmp_path / "markers"
     reference = launch(run_file(tmp_path, "reference", None))  # uninterrupted, synchronous
-    config = run_file(tmp_path, "killed", {"marker_dir": str(markers), "during_save": [6],
-                                           "before_pointer": [8]})
-    config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()),
-                                      "save_async": True}))
+    def async_run_file(kill: dict[str, Any]) -> Path:
+        config = run_file(tmp_path, "killed", {"marker_dir": str(markers), **kill})
+        config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()),
+                                          "save_async": True}))
+        return config
+
+    # One kill point per launch: the loop runs ahead of the writer thread, so a launch that
+    # armed both could pass batch 8 (using up its marker) before batch 6's write is killed.
+    config = async_run_file({"during_save": [6]})
     folder = tmp_path / "killed"
 
     # 1. killed in the writer thread: batch 4's checkpoint (the save of batch 6 waited for
@@ -117,6 +122,7 @@ def test_sigkill_while_a_background_write_is_in_flight_resumes_bit_exactly(
     assert [p.name.split(".tmp-")[0] for p in folder.glob("*.tmp-*")] == ["ep0-ba6.pt"]
 
     # 2. killed after batch 8's rename, before its pointer moved
+    config = async_run_file({"before_pointer": [8]})
     code, out = finish(launch(config))
     assert code == -9, out[-3000:]
     assert latest(folder) == ("ep0-ba6.pt", 6)
@@ -145,8 +151,8 @@ def test_failed_background_write_fails_the_run_naming_the_file(tmp_path: Path, f
     real_write = HashingFile.write
 
     def write(self: HashingFile, data: Any) -> int:
-        if "ba4" in self.name.parent.name + self.name.name and (
-                threading.current_thread() is not threading.main_thread()):
+        if (self.name.name.startswith("ep0-ba4") or self.name.parent.name.startswith("ep0-ba4")
+                ) and threading.current_thread() is not threading.main_thread():
             self.error = OSError(errno.ENOSPC, "No space left on device", str(self.name))
             raise self.error
         return real_write(self, data)
@@ -166,3 +172,54 @@ def test_failed_background_write_fails_the_run_naming_the_file(tmp_path: Path, f
     assert (tmp_path / f"latest-{RUN}").read_text().strip() == f"ep0-ba2{suffix}"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ep")) == [
         f"ep0-ba2{suffix}"]  # no temporary left, no later checkpoint
+
+
+def two_rank_run(folder: Path | None, fmt: str, save_async: bool,
+                 load_path: str | None = None) -> Losses:
+    """SimpleModel under FSDP2 on this process's rank, 8 batches (4 per epoch), a save every
+    2 batches."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from cadence import dist
+
+    gen = torch.Generator().manual_seed(5)
+    data = TensorDataset(torch.randn(16, 8, generator=gen), torch.randint(0, 3, (16,),
+                                                                          generator=gen))
+    loader = DataLoader(data, batch_size=4 // dist.get_world_size(),
+                        sampler=dist.get_sampler(data, shuffle=True, seed=3, drop_last=True))
+    torch.manual_seed(0)
+    losses = Losses()
+    run = Trainer(model=SimpleModel(), train_dataloader=loader, max_duration="8ba",
+                  progress_bar=False, run_name=RUN, seed=3, callbacks=[losses],
+                  save_folder=None if folder is None else str(folder), save_interval="2ba",
+                  save_state_dict_type=fmt, save_async=save_async, load_path=load_path,
+                  parallelism_config={"fsdp": {"state_dict_type": fmt}})
+    run.fit()
+    if folder is not None and save_async:  # FIT_END waited on every rank
+        suffix = ".pt" if fmt == "full" else ""
+        assert (folder / f"latest-{RUN}").read_text().strip() == f"ep1-ba8{suffix}"
+    run.close()
+    return losses
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("fmt", ["full", "sharded"])
+def test_async_saves_on_two_fsdp_ranks_resume_bit_exactly(tmp_path: Path, fmt: str) -> None:
+    from cadence import dist
+
+    sync = two_rank_run(tmp_path / "sync", fmt, save_async=False)
+    run = two_rank_run(tmp_path / "async", fmt, save_async=True)
+    assert run.losses == sync.losses
+    suffix = ".pt" if fmt == "full" else ""
+    if dist.get_global_rank() == 0:
+        for batch in (2, 4, 6, 8):
+            name = f"ep{(batch - 1) // 4}-ba{batch}{suffix}"
+            assert verify_checkpoint(tmp_path / "async" / name)
+            got, want = tensors(tmp_path / "async" / name), tensors(tmp_path / "sync" / name)
+            assert got.keys() == want.keys()
+            for key in want:
+                assert torch.equal(got[key], want[key]), (name, key)
+    dist.barrier()
+    resumed = two_rank_run(None, fmt, save_async=False,
+                           load_path=str(tmp_path / "async" / f"ep0-ba2{suffix}"))
+    assert resumed.losses == sync.losses[2:]

@@ -138,3 +138,39 @@ def test_resume_on_one_process(saved: dict[str, Any]) -> None:
     for name in ("run-2x2", "run-tp2"):
         run = saved[name]
         _check(f"{name} -> 1 process", _resume(run["step2"], None), run["losses"][2:4])
+
+
+def test_global_batch_check_allows_a_partial_last_batch(tmp_path: Path) -> None:
+    """The check on a written timestamp: full batches of this run's global batch and a
+    partial last batch of the epoch pass; another global batch mid-epoch is refused, and a
+    checkpoint without a recorded mesh is named by its world size."""
+    import types
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    from cadence.trainer.core.time import Timestamp
+    from cadence.trainer.parallel.config import parse_parallelism_config
+    from cadence.trainer.parallel.elastic import check_resume_layout
+
+    def checkpoint(batches: int, samples: int) -> Path:
+        timestamp = Timestamp().state_dict()
+        timestamp.update(batch_in_epoch=batches, sample_in_epoch=samples, batch=batches,
+                         sample=samples)
+        path = tmp_path / f"ba{batches}-sp{samples}.pt"
+        torch.save({"timestamp": timestamp, "metadata": {"world_size": 3}}, path)
+        return path
+
+    config = parse_parallelism_config(None)
+    state = types.SimpleNamespace(train_dataloader=DataLoader(list(range(10)), batch_size=4))
+    check_resume_layout(checkpoint(2, 8), state, config)  # two full batches of 4
+    check_resume_layout(checkpoint(3, 10), state, config)  # 4 + 4 + the last 2
+    with pytest.raises(ValueError) as info:
+        check_resume_layout(checkpoint(2, 6), state, config)  # batches of 3
+    message = str(info.value)
+    assert "after batch 2 of epoch 0" in message
+    assert "written by 3 rank(s) (mesh not recorded) with a global batch of 3 samples; this " \
+           "run has 1 rank(s) (dp_replicate=1, dp_shard=1, tp=1) and a global batch of 4" \
+           in message, message
+    assert "set the train loader's per-rank batch_size to 3" in message
+    check_resume_layout(checkpoint(2, 6), state, config, ignore_keys=["timestamp"])
