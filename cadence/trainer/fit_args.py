@@ -51,7 +51,7 @@ def apply_fit_arguments(
         ValueError: ``duration`` in ``dur``; no ``max_duration`` after all; bad values
             (the message names the argument).
     """
-    from cadence.trainer.trainer import _as_evaluators, _as_list, _dataloader_len
+    from cadence.trainer.trainer_options import as_evaluators, as_list, dataloader_len
 
     state = trainer.state
     if train_dataloader is not None:
@@ -60,11 +60,11 @@ def apply_fit_arguments(
                                          trainer._dp_size, trainer._dp_rank)
         state.train_dataloader = train_dataloader
         state.set_dataloader(train_dataloader, train_dataloader_label)
-        state.dataloader_len = subset_len(_dataloader_len(train_dataloader),
+        state.dataloader_len = subset_len(dataloader_len(train_dataloader),
                                         train_subset_num_batches)
         trainer.train_dataloader_label = train_dataloader_label
     elif train_subset_num_batches != -1:
-        state.dataloader_len = subset_len(_dataloader_len(state.train_dataloader),
+        state.dataloader_len = subset_len(dataloader_len(state.train_dataloader),
                                         train_subset_num_batches)
     if reset_time:
         state.timestamp = Timestamp()
@@ -85,13 +85,13 @@ def apply_fit_arguments(
         trainer.scale_schedule_ratio = scale_schedule_ratio
     if schedulers is not None:
         state.schedulers = [compile_scheduler(s, state.optimizers[0], state, scale_schedule_ratio)
-                            for s in _as_list(schedulers)]
+                            for s in as_list(schedulers)]
     if schedulers is not None or step_schedulers_every_batch is not None:
         trainer.step_schedulers_every_batch = steps_schedulers_every_batch(
-            _as_list(schedulers) if schedulers is not None else state.schedulers,
+            as_list(schedulers) if schedulers is not None else state.schedulers,
             step_schedulers_every_batch)
     if eval_dataloader is not None:
-        state.evaluators = _as_evaluators(eval_dataloader)
+        state.evaluators = as_evaluators(eval_dataloader)
         trainer.eval_interval = parse_eval_interval(eval_interval)
         trainer.eval_subset_num_batches = int(eval_subset_num_batches)
         trainer._build_metrics()

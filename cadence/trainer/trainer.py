@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-import os
 import time
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
@@ -28,6 +27,7 @@ from cadence.trainer.core import (
     Algorithm, Callback, Engine, Evaluator, Event, State, Time, TimeLike, Timestamp, TimeUnit,
 )
 from cadence.trainer import trainer_options as options
+from cadence.trainer.trainer_options import EvalDataloader, as_list
 from cadence.trainer.eval_schedule import eval_due, parse_eval_interval
 from cadence.trainer.fit_args import apply_fit_arguments
 from cadence.trainer.loggers.logger import Logger, LoggerDestination
@@ -49,43 +49,6 @@ from cadence.utils.reproducibility import seed_all
 __all__ = ["Trainer"]
 
 log = logging.getLogger(__name__)
-
-EvalDataloader = Union[Iterable[Any], Evaluator, Sequence[Evaluator]]
-
-
-def _as_evaluators(eval_dataloader: Optional[EvalDataloader]) -> list[Evaluator]:
-    if eval_dataloader is None:
-        return []
-    if isinstance(eval_dataloader, Evaluator):
-        return [eval_dataloader]
-    if isinstance(eval_dataloader, (list, tuple)) and all(
-        isinstance(e, Evaluator) for e in eval_dataloader
-    ):
-        return list(eval_dataloader)
-    return [Evaluator(label="eval", dataloader=eval_dataloader)]
-
-
-def _as_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _dataloader_len(dataloader: Any) -> Optional[int]:
-    try:
-        return len(dataloader)
-    except TypeError:
-        return None
-
-
-def _agree_across_ranks(run_name: Optional[str], seed: Optional[int]) -> tuple[str, int]:
-    """The run name and seed, defaulted on rank 0 (time, random) and shared with every rank."""
-    chosen = [run_name or f"run-{int(time.time())}",
-              int.from_bytes(os.urandom(4), "little") % (2**31) if seed is None else int(seed)]
-    if dist.get_world_size() > 1 and (run_name is None or seed is None):
-        dist.broadcast_object_list(chosen, src=0)
-    return chosen[0], chosen[1]
-
 
 class Trainer:
     """Trains a :class:`~cadence.ComposerModel`, firing events for algorithms and callbacks.
@@ -241,13 +204,13 @@ class Trainer:
                 f"device_train_microbatch_size must be a positive int, 'auto' or None, got "
                 f"{device_train_microbatch_size!r}."
             )
-        if len(_as_list(optimizers)) > 1:
+        if len(as_list(optimizers)) > 1:
             raise ValueError("Only one optimizer is supported; put parameter groups in one optimizer.")
         self.eval_interval = parse_eval_interval(eval_interval)
         self.scale_schedule_ratio = float(scale_schedule_ratio)
         self.train_dataloader_label = train_dataloader_label
         self.step_schedulers_every_batch = options.steps_schedulers_every_batch(
-            _as_list(schedulers), step_schedulers_every_batch)
+            as_list(schedulers), step_schedulers_every_batch)
         self.log_interval = Time.from_input(log_interval, TimeUnit.BATCH)
         self.eval_subset_num_batches = int(eval_subset_num_batches)
         self.parallelism_config = parse_parallelism_config(parallelism_config)
@@ -265,8 +228,8 @@ class Trainer:
             raise ValueError("autoresume=True needs save_folder and an explicit run_name (or "
                              "CADENCE_RUN_NAME), to find the run's checkpoints: a default run "
                              "name is new on every launch.")
-        run_name, rank_zero_seed = _agree_across_ranks(run_name or options.run_name_from_env(),
-                                                       seed)
+        run_name, rank_zero_seed = options.agree_across_ranks(
+            run_name or options.run_name_from_env(), seed)
         seed_all(rank_zero_seed + self._dp_rank)
 
         self.state = State(
@@ -281,15 +244,15 @@ class Trainer:
             device_train_microbatch_size=device_train_microbatch_size,
             train_dataloader=train_dataloader,
             dataloader_label=train_dataloader_label if train_dataloader is not None else None,
-            dataloader_len=options.subset_len(_dataloader_len(train_dataloader),
+            dataloader_len=options.subset_len(options.dataloader_len(train_dataloader),
                                               train_subset_num_batches),
-            evaluators=_as_evaluators(eval_dataloader),
-            algorithms=_as_list(algorithms),
-            callbacks=_as_list(callbacks) + options.profiler_callbacks(profiler),
+            evaluators=options.as_evaluators(eval_dataloader),
+            algorithms=as_list(algorithms),
+            callbacks=as_list(callbacks) + options.profiler_callbacks(profiler),
         )
         # one run per save folder (rank 0 locks it; released by close() or at exit)
         self._run_lock = lock_save_folder(self.state.save_folder, run_name)
-        destinations = _as_list(loggers)
+        destinations = as_list(loggers)
         destinations += options.console_destinations(
             destinations, progress_bar, log_to_console, console_stream,
             console_log_interval or self.log_interval)
@@ -307,8 +270,8 @@ class Trainer:
         self.engine = Engine(self.state, self.logger, algorithm_passes, destinations=destinations)
 
         self.engine.run_event(Event.INIT)
-        self._parallelize(_as_list(optimizers))
-        self._build_optimizers(_as_list(optimizers), _as_list(schedulers))
+        self._parallelize(as_list(optimizers))
+        self._build_optimizers(as_list(optimizers), as_list(schedulers))
         self._build_metrics()
         self.engine.run_event(Event.BEFORE_LOAD)
         path, resuming = resolve_load_path(
@@ -747,7 +710,7 @@ class Trainer:
         state = self.state
         kept_evaluators, kept_metrics = state.evaluators, dict(state.eval_metrics)
         if eval_dataloader is not None:
-            state.evaluators = _as_evaluators(eval_dataloader)
+            state.evaluators = options.as_evaluators(eval_dataloader)
             self._align_eval_samplers()
             self._build_metrics()
         if not state.evaluators:

@@ -9,16 +9,53 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Mapping, Optional, TextIO, Union
+import time
+from typing import Any, Iterable, Mapping, Optional, Sequence, TextIO, Union
 
 import torch
 
-from cadence.trainer.core import Time, TimeUnit
+from cadence.trainer import dist
+from cadence.trainer.core import Evaluator, Time, TimeUnit
+from cadence.trainer.core.state import as_list
 
 __all__ = [
-    "RUN_NAME_ENV_VARS", "console_destinations", "extract_hparams", "profiler_callbacks",
+    "EvalDataloader", "RUN_NAME_ENV_VARS", "agree_across_ranks", "as_evaluators", "as_list",
+    "console_destinations", "dataloader_len", "extract_hparams", "profiler_callbacks",
     "run_name_from_env", "scale_duration", "steps_schedulers_every_batch", "subset_len",
 ]
+
+EvalDataloader = Union[Iterable[Any], Evaluator, Sequence[Evaluator]]
+
+
+def as_evaluators(eval_dataloader: Optional[EvalDataloader]) -> list[Evaluator]:
+    """A dataloader (labelled ``eval``), an Evaluator or a list of Evaluators, as a list."""
+    if eval_dataloader is None:
+        return []
+    if isinstance(eval_dataloader, Evaluator):
+        return [eval_dataloader]
+    if isinstance(eval_dataloader, (list, tuple)) and all(
+        isinstance(e, Evaluator) for e in eval_dataloader
+    ):
+        return list(eval_dataloader)
+    return [Evaluator(label="eval", dataloader=eval_dataloader)]
+
+
+def dataloader_len(dataloader: Any) -> Optional[int]:
+    """``len(dataloader)`` in batches, or None for an unsized iterable."""
+    try:
+        return len(dataloader)
+    except TypeError:
+        return None
+
+
+def agree_across_ranks(run_name: Optional[str], seed: Optional[int]) -> tuple[str, int]:
+    """The run name and seed, defaulted on rank 0 (time, random) and shared with every rank."""
+    chosen = [run_name or f"run-{int(time.time())}",
+              int.from_bytes(os.urandom(4), "little") % (2**31) if seed is None else int(seed)]
+    if dist.get_world_size() > 1 and (run_name is None or seed is None):
+        dist.broadcast_object_list(chosen, src=0)
+    return chosen[0], chosen[1]
+
 
 #: Read in this order when no ``run_name`` is given: cadence's, then Composer's two.
 RUN_NAME_ENV_VARS = ("CADENCE_RUN_NAME", "COMPOSER_RUN_NAME", "RUN_NAME")

@@ -53,7 +53,8 @@ class Evaluator:
     eval_interval: Any = None
 
 
-def _as_list(value: Any) -> list[Any]:
+def as_list(value: Any) -> list[Any]:
+    """``value`` as a list: ``[]`` for None, a list or tuple's items, else ``[value]``."""
     if value is None:
         return []
     if isinstance(value, (list, tuple)):
@@ -207,7 +208,7 @@ class State:
         self.dataset_state = dataset_state
         self.dataset_resumption = dataset_resumption or {}
         self.train_dataloader = train_dataloader
-        self.evaluators: list[Evaluator] = _as_list(evaluators)
+        self.evaluators: list[Evaluator] = as_list(evaluators)
         self._dataloader: Optional[Iterable[Any]] = None
         self._dataloader_label: Optional[str] = None
         self._dataloader_len: Optional[Time] = None
@@ -217,10 +218,10 @@ class State:
             self.set_dataloader(dataloader, dataloader_label, dataloader_len)
         elif dataloader_len is not None and dataloader_len != -1:
             self._dataloader_len = Time.from_input(dataloader_len, TimeUnit.BATCH)
-        self.optimizers: list[torch.optim.Optimizer] = _as_list(optimizers)
-        self.schedulers: list[Any] = _as_list(schedulers)
-        self.algorithms: list[Any] = _as_list(algorithms)
-        self.callbacks: list[Any] = _as_list(callbacks)
+        self.optimizers: list[torch.optim.Optimizer] = as_list(optimizers)
+        self.schedulers: list[Any] = as_list(schedulers)
+        self.algorithms: list[Any] = as_list(algorithms)
+        self.callbacks: list[Any] = as_list(callbacks)
         self.timestamp = Timestamp() if timestamp is None else timestamp
         self.previous_timestamp: Optional[Timestamp] = None
         self.eval_timestamp = Timestamp()
