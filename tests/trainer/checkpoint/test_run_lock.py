@@ -22,6 +22,7 @@ from cadence.trainer.checkpoint.lock import (
     LOCK_FILENAME, SaveFolderInUse, _acquire_without_locks,
 )
 from tests.common.models import SimpleModel, make_dataloader
+from tests.trainer.checkpoint.test_kill_resume import launch
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -57,13 +58,6 @@ def run_file(tmp_path: Path, name: str, folder: Path, wait: bool) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def launch(config: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           "CADENCE_CACHE_DIR": os.environ["CADENCE_CACHE_DIR"]}
-    return subprocess.Popen([sys.executable, "-m", "cadence", "train", str(config)], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 180.0) -> None:

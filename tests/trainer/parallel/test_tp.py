@@ -13,7 +13,7 @@ from typing import Any, Optional
 import pytest
 import torch
 from torch.distributed.tensor import DTensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from cadence import Trainer, dist
 from cadence.models.gpt import gpt2
@@ -21,6 +21,7 @@ from cadence.trainer.loggers import InMemoryLogger
 from cadence.trainer.parallel.config import parse_parallelism_config
 from cadence.trainer.parallel.memory import local_state_bytes
 from cadence.trainer.parallel.tp import plan_tensor_parallel
+from tests.trainer.parallel.test_fsdp_parity import RandomTokens as CountingTokens
 
 STEPS = 10
 GLOBAL_BATCH = 8
@@ -42,21 +43,6 @@ BF16_TOLERANCE = 1e-2
 
 TP2 = {"tp": {"tensor_parallel_degree": 2}}
 FSDP_X_TP = {"fsdp": {}, "tp": {"tensor_parallel_degree": 2}}
-
-
-class CountingTokens(Dataset):
-    """``STEPS * GLOBAL_BATCH`` counting sequences (learnable), ``{"input_ids", "labels"}``."""
-
-    def __init__(self) -> None:
-        gen = torch.Generator().manual_seed(1234)
-        starts = torch.randint(0, VOCAB, (STEPS * GLOBAL_BATCH, 1), generator=gen)
-        self.ids = (starts + torch.arange(SEQ)) % VOCAB
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[index], "labels": self.ids[index]}
 
 
 def tiny_gpt2() -> Any:
