@@ -30,6 +30,12 @@ batches.
     python benchmarks/checkpoint.py --repeats 1 --n_layer 2   # a quick look
     python benchmarks/checkpoint.py --world_sizes 1 --skip_resume   # the save/load tables only
 
+Object storage: ``CheckpointSaver.save`` / load to a local folder vs to a local S3 server
+(moto's ``ThreadedMotoServer`` on 127.0.0.1, started by the benchmark; s3fs), one process,
+median of ``--repeats``; the ratio is of the same run::
+
+    python benchmarks/checkpoint.py --s3_only --n_layer 2 --repeats 3   # that table only
+
 Asynchronous saves (``save_async``): the seconds the training loop is blocked per save, the
 synchronous save's time vs the time an asynchronous save takes to stage the state to CPU
 memory (:class:`cadence.trainer.checkpoint.async_save.AsyncCheckpointer`); the target is
@@ -200,6 +206,77 @@ def save_load(world: int, args: argparse.Namespace) -> list[dict[str, Any]]:
         return list(torch.load(out, weights_only=True))
 
 
+# ---------------------------------------------------------------- object storage
+
+
+def _moto_server() -> Any:
+    """Start moto's S3 server on 127.0.0.1 (a free port) and point s3fs at it (environment
+    variables, as a real run reads its credentials); returns the server and a fresh bucket
+    URL."""
+    import logging
+
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    os.environ.update({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+                       "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                       "AWS_DEFAULT_REGION": "us-east-1"})
+    s3fs.S3FileSystem.clear_instance_cache()
+    s3fs.S3FileSystem().mkdir("bench")
+    return server, "s3://bench/run"
+
+
+def remote_vs_local(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Save / load seconds, one process, through what a run does: ``CheckpointSaver.save``
+    (write, then for S3 upload, completion marker, pointer) and ``load_checkpoint`` (for S3
+    after downloading, :func:`~cadence.trainer.checkpoint.remote.fetched`); a local folder vs
+    the local moto S3 server, alternating, median of ``--repeats`` after one warm-up."""
+    from cadence.callbacks.checkpoint_saver import CheckpointSaver
+    from cadence.trainer.checkpoint import load_checkpoint
+    from cadence.trainer.checkpoint.remote import fetched
+
+    server, bucket = _moto_server()
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory(dir=args.dir) as folder:
+            os.environ["XDG_CACHE_HOME"] = str(Path(folder) / "stage")
+            state, _ = _trained_state(args)
+            for fmt in FORMATS:
+                times: dict[str, dict[str, list[float]]] = {
+                    where: {"save": [], "load": []} for where in ("disk", "s3")}
+                size = 0
+                for repeat in range(args.repeats + 1):
+                    for where, root in (("disk", str(Path(folder) / "disk")), ("s3", bucket)):
+                        saver = CheckpointSaver(folder=root, state_dict_type=fmt,
+                                                overwrite=True, symlink_filename=None)
+                        start = time.perf_counter()
+                        path = saver.save(state, filename=f"{fmt}-{repeat}")
+                        saved = time.perf_counter() - start
+                        target = saver.saved_checkpoints[-1]
+                        start = time.perf_counter()
+                        with fetched(target) as local:
+                            load_checkpoint(state, local)
+                        loaded = time.perf_counter() - start
+                        if where == "s3":
+                            saver.remote_folder(state).remove(Path(target).name)
+                        else:
+                            size = _disk_bytes(Path(path))[0]
+                            shutil.rmtree(path) if Path(path).is_dir() else Path(path).unlink()
+                        if repeat > 0:
+                            times[where]["save"].append(saved)
+                            times[where]["load"].append(loaded)
+                rows.append({"format": fmt, "bytes": size, **{f"{k}_{where}": statistics.median(v)
+                                               for where, t in times.items()
+                                               for k, v in t.items()}})
+    finally:
+        server.stop()
+    return rows
+
+
 # ---------------------------------------------------------------- resume
 
 
@@ -294,6 +371,21 @@ def resume(args: argparse.Namespace) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- main
 
 
+def _print_remote(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    print(f"Local disk vs a local S3 server (moto on 127.0.0.1, s3fs), GPT-2 {args.n_layer} "
+          f"layers x {args.n_embd} wide, one process: CheckpointSaver.save (S3: written to "
+          f"the stage, uploaded, marker, pointer) and load_checkpoint (S3: downloaded first), "
+          f"with CRC32C; median of {args.repeats}\n")
+    print("| format | MiB | save s, disk | save s, S3 | S3 / disk | load s, disk | load s, S3 | "
+          "S3 / disk |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['format']} | {r['bytes'] / 2**20:,.0f} | {r['save_disk']:.2f} | {r['save_s3']:.2f} | "
+              f"{r['save_s3'] / r['save_disk']:.1f}x | {r['load_disk']:.2f} | "
+              f"{r['load_s3']:.2f} | {r['load_s3'] / r['load_disk']:.1f}x |")
+    print()
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n_layer", type=int, default=12)
@@ -307,9 +399,17 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--resume_repeats", type=int, default=3)
     parser.add_argument("--skip_resume", action="store_true", help="save/load tables only")
     parser.add_argument("--dir", default=None, help="where checkpoints are written (a tmp dir)")
+    parser.add_argument("--skip_s3", action="store_true",
+                        help="skip local disk vs the local S3 server (needs s3fs, moto[server])")
+    parser.add_argument("--s3_only", action="store_true",
+                        help="only local disk vs the local S3 server")
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
+    if not args.skip_s3:
+        _print_remote(remote_vs_local(args), args)
+        if args.s3_only:
+            return
     rows = [row for world in args.world_sizes for row in save_load(world, args)]
     resumes = [] if args.skip_resume else resume(args)
     mib = 2**20

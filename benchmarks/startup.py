@@ -12,7 +12,8 @@ of ``import torch`` measured in the same run. Rows:
 - ``python -c "import cadence"``: imports nothing heavy (names are imported on first use).
 - ``cadence --help``: the parser only; no torch.
 - ``cadence train yamls/quickstart.yaml max_duraton=1ba``: a typo in a run file, refused
-  with exit status 2 and a "did you mean" message (the row checks the status).
+  with exit status 2 and a "did you mean" message (the row checks the status) by the
+  schema stage of the run-file check, before torch or any component is imported.
 - ``python -c "from cadence import Trainer"`` (``--extra``): the first use of the Trainer.
 
 Targets (issue 15; printed beside the figures): ``cadence --help`` under 0.3 s, the schema

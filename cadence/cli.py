@@ -12,7 +12,8 @@
 as in OmegaConf's dotlist), checks everything (see :func:`~cadence.trainer.config.load_config`),
 builds the Trainer (:func:`~cadence.trainer.build.build_trainer`) and calls ``fit()`` then
 ``close()``. A bad config prints every problem to stderr and exits with status 2, before
-any model or data is built.
+any model or data is built; a schema problem (a typo in a key, a name or an argument, a
+wrong type) before torch is even imported.
 
 ``launch`` checks the run file the same way, then starts ``N`` ranks with
 ``torch.distributed.run`` (torchrun), each running ``cadence train``. One node picks a free
@@ -199,18 +200,19 @@ def _launch(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"cadence launch: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    nnodes = int(next(a for a in argv if a.startswith("--nnodes=")).partition("=")[2])
+    try:  # fail on a bad run file, or a batch size the ranks do not divide, before any rank;
+        # a schema problem (a typo) is found before torch is imported (issue 15)
+        load_config(args.config, args.overrides, world_size=args.nproc_per_node * nnodes)
+    except ConfigError as exc:
+        print(f"cadence launch: {exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     from cadence.trainer.rank_health import LAUNCHER_PID_ENV, RankWatcher
 
     torchrun_args = get_args_parser().parse_args(argv)
-    nnodes = int(torchrun_args.nnodes)
-    try:  # fail on a bad run file, or a batch size the ranks do not divide, before any rank
-        load_config(args.config, args.overrides, world_size=args.nproc_per_node * nnodes)
-    except ConfigError as exc:
-        print(f"cadence launch: {exc}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
     if nnodes > 1:  # every node prints how it meets the others: a mismatch shows at once
         print(f"cadence launch: torchrun {' '.join(argv[:argv.index('-m')])}", file=sys.stderr)
     # Workers tie their life to this process (see cadence.trainer.rank_health); the watcher
@@ -235,9 +237,10 @@ def _add_convert(subparsers: argparse._SubParsersAction) -> None:
                     "config.json and the tokenizer for from_pretrained; --to full merges a "
                     "sharded checkpoint into one file.",
     )
-    convert.add_argument("checkpoint", help="a full .pt file or a sharded checkpoint directory")
+    convert.add_argument("checkpoint", help="a full .pt file or a sharded checkpoint directory "
+                                            "(or its URL: s3://bucket/runs/x/ep1-ba8)")
     convert.add_argument("--to", choices=("hf", "full"), required=True, help="output format")
-    convert.add_argument("out", help="output directory (hf) or file (full)")
+    convert.add_argument("out", help="output directory (hf) or file (full); a URL uploads it")
     convert.set_defaults(func=_convert)
 
 
@@ -279,17 +282,16 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from cadence.trainer.checkpoint.checkpoint import CheckpointError
     from cadence.trainer.checkpoint.export import to_full, to_huggingface
+    from cadence.trainer.checkpoint.remote import fetched, uploaded
 
-    try:
-        if args.to == "hf":
-            out = to_huggingface(Path(args.checkpoint), Path(args.out))
-        else:
-            out = to_full(Path(args.checkpoint), Path(args.out))
-    except CheckpointError as exc:
+    try:  # either may be a URL (s3://...): downloaded / written locally, then uploaded
+        with fetched(args.checkpoint) as checkpoint, uploaded(args.out) as target:
+            convert = to_huggingface if args.to == "hf" else to_full
+            convert(checkpoint, target)
+        out = args.out
+    except (CheckpointError, ValueError, OSError) as exc:
         print(f"cadence convert: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {out}")
@@ -297,13 +299,19 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    # Imported when a run starts, not when the parser is built.
-    from cadence.trainer.build import build_trainer
-    from cadence.trainer.checkpoint.lock import SaveFolderInUse
+    # Imported when a run starts, not when the parser is built; the Trainer's modules only
+    # once the run file's schema has passed (a typo is reported before torch is imported).
     from cadence.trainer.config import ConfigError, load_config
 
     try:
         cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"cadence train: {exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    from cadence.trainer.build import build_trainer
+    from cadence.trainer.checkpoint.lock import SaveFolderInUse
+
+    try:
         trainer = build_trainer(cfg)
     except ConfigError as exc:
         print(f"cadence train: {exc}", file=sys.stderr)

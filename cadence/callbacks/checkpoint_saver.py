@@ -20,6 +20,7 @@ from cadence.trainer.checkpoint.checkpoint import (
 from cadence.trainer.checkpoint.files import (
     TMP_MARK, format_name, remove_checkpoint, write_latest,
 )
+from cadence.trainer.checkpoint.remote import RemoteFolder, is_remote, local_path
 from cadence.trainer.core import Callback, Event, State, Time, TimeUnit
 from cadence.trainer.registry import callbacks
 
@@ -37,6 +38,9 @@ class CheckpointSaver(Callback):
 
     Args:
         folder: where checkpoints go; ``{run_name}`` is filled in. Default ``runs/{run_name}``.
+            An fsspec URL (``s3://bucket/runs/{run_name}``) saves to object storage: each
+            checkpoint is written to a local stage, uploaded, then marked complete, then
+            pointed at (:mod:`~cadence.trainer.checkpoint.remote`).
         filename: checkpoint name, with ``{run_name}``, ``{epoch}``, ``{batch}``, ``{rank}``;
             a ``full`` checkpoint gets ``.pt`` appended when missing, a ``sharded`` one is a
             directory. Default ``ep{epoch}-ba{batch}``.
@@ -51,7 +55,8 @@ class CheckpointSaver(Callback):
         num_checkpoints_to_keep: keep this many newest checkpoints locally (``-1``: all;
             ``0``: none, as in Composer: each checkpoint is handed to the logger
             destinations that store files, then deleted locally; autoresume then has
-            nothing local to resume from).
+            nothing local to resume from). In a remote ``folder``: this many in the bucket
+            (``0`` is refused there: it would delete each checkpoint as it is written).
         overwrite: replace an existing checkpoint of the same name; else raise.
         weights_only: save the model (and metadata) only.
         state_dict_type: ``full`` (one file, gathered on rank 0) or ``sharded`` (DCP).
@@ -101,6 +106,10 @@ class CheckpointSaver(Callback):
         if num_checkpoints_to_keep < -1:
             raise ValueError(f"save_num_checkpoints_to_keep must be -1 (all), 0 (none kept "
                              f"locally) or positive, got {num_checkpoints_to_keep}.")
+        if num_checkpoints_to_keep == 0 and is_remote(folder):
+            raise ValueError(f"save_num_checkpoints_to_keep=0 with the remote save_folder "
+                             f"{folder} would delete each checkpoint from the bucket right "
+                             f"after writing it; use -1 (keep all) or a number >= 1.")
         if latest_filename.endswith(".pt"):  # Composer's symlink name
             symlink_filename, latest_filename = latest_filename, "latest-{run_name}"
         self.interval = save_interval if callable(save_interval) else Time.from_input(
@@ -119,6 +128,7 @@ class CheckpointSaver(Callback):
         self._last_saved_batch: Optional[int] = None
         self._start_batch = 0  # where this process's training starts (the loaded batch)
         self._folder_path: Optional[Path] = None
+        self._remote: Optional[RemoteFolder] = None
         self.save_async = save_async
         self._async: Optional[AsyncCheckpointer] = AsyncCheckpointer() if save_async else None
 
@@ -129,14 +139,30 @@ class CheckpointSaver(Callback):
 
     @property
     def saved_checkpoints(self) -> list[str]:
-        """Local paths of the checkpoints this run saved and still keeps, oldest first."""
+        """Paths (URLs in a remote folder) of the checkpoints this run saved and still
+        keeps, oldest first."""
+        if self._remote is not None:
+            return [self._remote.url_of(name) for name in self.saved]
         if self._folder_path is None:
             return []
         return [str(self._folder_path / name) for name in self.saved]
 
     def folder_path(self, state: State) -> Path:
-        """The checkpoint folder of ``state``'s run (``{run_name}`` filled in)."""
-        return Path(self.folder.format(run_name=state.run_name))
+        """The local checkpoint folder of ``state``'s run (``{run_name}`` filled in); for a
+        remote folder, its local stage."""
+        remote = self.remote_folder(state)
+        if remote is not None:
+            return remote.stage
+        return local_path(self.folder.format(run_name=state.run_name))
+
+    def remote_folder(self, state: State) -> Optional[RemoteFolder]:
+        """The remote checkpoint folder of ``state``'s run, or None when it is local."""
+        url = self.folder.format(run_name=state.run_name)
+        if not is_remote(url):
+            return None
+        if self._remote is None or self._remote.url != url.rstrip("/"):
+            self._remote = RemoteFolder(url)
+        return self._remote
 
     def _due(self, state: State, event: Event) -> bool:
         if callable(self.interval):
@@ -220,18 +246,24 @@ class CheckpointSaver(Callback):
         if self.state_dict_type == "full" and not name.endswith(".pt"):
             name += ".pt"
         path = folder / name
-        if path.exists() and not self.overwrite and not self._abandoned(state, path):
+        remote = self.remote_folder(state)
+        if remote is not None:
+            self._clear_remote_target(state, remote, name)
+        elif path.exists() and not self.overwrite and not self._abandoned(state, path):
             raise FileExistsError(
                 f"Checkpoint {path} already exists; set save_overwrite=True to replace it, or "
                 f"autoresume=True to continue the run that wrote it."
             )
+        upload = None if remote is None else (
+            lambda tmp: remote.upload_part(tmp, name, dist.get_global_rank()))
         if self._async is not None:
-            self._save_async(state, logger, path, fields, weights_only)
+            self._save_async(state, logger, path, fields, weights_only, upload)
             return path
         previous = list(self.saved)
         self.saved = [n for n in self.saved if n != name] + [name]  # so the checkpoint knows it
         try:
-            save_checkpoint(state, path, self.state_dict_type, weights_only, self.metadata)
+            save_checkpoint(state, path, self.state_dict_type, weights_only, self.metadata,
+                            upload=upload)
         except BaseException:
             self.saved = previous
             raise
@@ -240,8 +272,35 @@ class CheckpointSaver(Callback):
         self.commit(state, folder, name)
         return path
 
+    def _clear_remote_target(self, state: State, remote: RemoteFolder, name: str) -> None:
+        """Before saving ``name`` to a remote folder (rank 0 looks, every rank raises): a
+        complete checkpoint of that name is refused as a local one is, unless overwriting
+        or this run's abandoned one; objects of an upload that never finished (no marker)
+        are removed.
+
+        Raises:
+            FileExistsError: as for a local checkpoint.
+        """
+        error: list[Optional[str]] = [None]
+        if dist.get_global_rank() == 0:
+            marker = remote.marker(name)
+            if marker is not None and not self.overwrite and not (
+                    self._start_batch > 0 and int(state.timestamp.batch) > self._start_batch
+                    and marker.get("run_name") == state.run_name):
+                error[0] = (f"Checkpoint {remote.url_of(name)} already exists; set "
+                            f"save_overwrite=True to replace it, or autoresume=True to "
+                            f"continue the run that wrote it.")
+            elif marker is not None:
+                log.warning("Replacing %s.", remote.url_of(name))
+                remote.remove(name)
+            else:
+                remote.remove_unmarked(name)
+        dist.broadcast_object_list(error)
+        if error[0] is not None:
+            raise FileExistsError(error[0])
+
     def _save_async(self, state: State, logger: Any, path: Path, fields: dict[str, Any],
-                    weights_only: bool) -> None:
+                    weights_only: bool, upload: Optional[Callable[[Path], None]]) -> None:
         """Stage the checkpoint and hand it to the background writer; the upload, the
         ``latest`` pointer and rotation follow once it is on disk on every rank."""
         assert self._async is not None
@@ -250,7 +309,8 @@ class CheckpointSaver(Callback):
         self.saved = [n for n in self.saved if n != path.name] + [path.name]
         try:
             self._async.save(state, path, self.state_dict_type, weights_only, self.metadata,
-                             on_written=lambda: self._written(state, logger, path, fields))
+                             on_written=lambda: self._written(state, logger, path, fields),
+                             upload=upload)
         except BaseException:
             self.saved = previous
             raise
@@ -304,16 +364,39 @@ class CheckpointSaver(Callback):
         """Move the ``latest`` pointer to ``name`` and drop checkpoints beyond the limit
         (``barrier``: then wait for every rank; the background writer has its own)."""
         rank0 = dist.get_global_rank() == 0
-        if rank0:
-            write_latest(folder, self.latest_filename.format(run_name=state.run_name), name)
+        latest = self.latest_filename.format(run_name=state.run_name)
+        remote = self.remote_folder(state)
+        if remote is not None:
+            self._commit_remote(state, remote, folder, name, latest)
+        elif rank0:
+            write_latest(folder, latest, name)
             self._write_symlink(folder, name)
         while 0 <= self.num_checkpoints_to_keep < len(self.saved):
             oldest = self.saved.pop(0)
-            if rank0:
+            if rank0 and remote is not None:
+                remote.remove(oldest)  # its marker first
+            elif rank0:
                 remove_checkpoint(folder / oldest)
         if barrier:
             dist.barrier()
             log.info("Saved checkpoint %s", folder / name)
+
+    def _commit_remote(self, state: State, remote: RemoteFolder, folder: Path, name: str,
+                       latest: str) -> None:
+        """Every rank's upload of ``name`` is done: rank 0 writes its completion marker,
+        then the ``latest`` pointer, then uploads the run's logs; every rank drops its
+        staged copy."""
+        staged = folder / name
+        if dist.get_global_rank() == 0:
+            remote.mark_complete(name, staged if staged.is_dir() else None,
+                                 run_name=state.run_name, format=self.state_dict_type,
+                                 epoch=int(state.timestamp.epoch),
+                                 batch=int(state.timestamp.batch))
+            remote.write_latest(latest, name)
+            remote.upload_artifacts()
+            remove_checkpoint(staged)
+        for leftover in folder.glob(f"{name}{TMP_MARK}*"):  # another host's part
+            remove_checkpoint(leftover)
 
     def _write_symlink(self, folder: Path, name: str) -> None:
         """Point Composer's ``latest-rank{rank}.pt`` symlink at a full checkpoint (relative,

@@ -1,7 +1,8 @@
 """Value checks of component arguments, run when a config is loaded, before anything is built.
 
-:mod:`cadence.trainer.config` checks each component section's argument *names* and *types*
-against the component's signature. This module checks the *values*, in two ways:
+:mod:`cadence.trainer.config_schema` checks each component section's argument *names* and
+*types* against the component's signature (from the registry index, without importing it);
+:mod:`cadence.trainer.config_values` then checks the *values* with this module, in two ways:
 
 1. **Declared checks.** A component declares, per argument, what a good value is, next to
    the component: with the :func:`arg_checks` decorator, with :func:`declare_arg_checks` for

@@ -17,15 +17,83 @@ from __future__ import annotations
 
 import gc
 import logging
-from typing import Any
+from typing import Any, Callable, Optional, Union
 
 import torch
 
 from cadence.trainer import dist
+from cadence.trainer.core.state import State
 
-__all__ = ["is_out_of_memory", "any_rank", "alloc_retries", "release_after_oom"]
+__all__ = ["parse_microbatch_size", "forward_backward_auto", "is_out_of_memory", "any_rank",
+           "alloc_retries", "release_after_oom"]
 
 log = logging.getLogger(__name__)
+
+
+def parse_microbatch_size(value: Union[int, str, None]) -> tuple[bool, Optional[int]]:
+    """The Trainer's ``device_train_microbatch_size`` as ``(auto, size)``: ``'auto'`` gives
+    ``(True, None)`` (the size is found at the first batch), a positive int ``n`` gives
+    ``(False, n)``, None (the whole per-device batch) ``(False, None)``.
+
+    Raises:
+        ValueError: anything else, naming the value.
+    """
+    if value == "auto":
+        return True, None
+    if value is not None and (not isinstance(value, int) or value <= 0):
+        raise ValueError(
+            f"device_train_microbatch_size must be a positive int, 'auto' or None, got "
+            f"{value!r}."
+        )
+    return False, value
+
+
+def forward_backward_auto(state: State, batch_size: int,
+                          accumulate: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    """``accumulate(size)`` (the gradients of one batch of ``batch_size`` samples, in
+    microbatches of ``size``) at ``state.device_train_microbatch_size``, which starts at the
+    whole batch; retried at half the size when any rank runs out of memory, and halved for
+    the following batches when any rank's CUDA allocator had to retry. Every rank calls it.
+
+    Returns:
+        What ``accumulate`` returned (the batch's loss).
+
+    Raises:
+        RuntimeError: a microbatch of 1 sample ran out of memory (the model does not fit).
+        Exception: whatever ``accumulate`` raised that is not an out-of-memory error.
+    """
+    if state.device_train_microbatch_size is None:
+        state.device_train_microbatch_size = batch_size
+        if state.device.type != "cuda":
+            log.info("device_train_microbatch_size='auto': on %s the whole batch (%d) is "
+                     "used unless it runs out of memory.", state.device.type, batch_size)
+    while True:
+        size = state.device_train_microbatch_size
+        retries = alloc_retries(state.device)
+        failure: Optional[BaseException] = None
+        try:
+            result = accumulate(size)
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            failure = exc
+        if any_rank(failure is not None, state.device):
+            release_after_oom(state.model, state.optimizers, state.device)
+            _lower_microbatch_size(state, size, "ran out of memory", failure)
+            continue
+        if any_rank(alloc_retries(state.device) > retries, state.device) and size > 1:
+            _lower_microbatch_size(state, size, "made the CUDA allocator retry", None)
+        return result
+
+
+def _lower_microbatch_size(state: State, size: int, reason: str,
+                           failure: Optional[BaseException]) -> None:
+    if size <= 1:
+        raise RuntimeError(f"A microbatch of 1 sample {reason}; the model does not fit "
+                           f"on this device.") from failure
+    state.device_train_microbatch_size = size // 2
+    log.warning("device_train_microbatch_size='auto': a microbatch of %d %s; now %d.",
+                size, reason, size // 2)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -22,7 +22,8 @@ import torch.distributed as torch_dist
 
 __all__ = [
     "get_global_rank", "get_world_size", "get_local_rank", "get_local_world_size",
-    "get_node_rank", "is_available", "is_initialized", "initialize_dist", "barrier",
+    "get_node_rank", "is_available", "is_initialized", "initialize_dist", "get_dist_timeout",
+    "barrier",
     "all_reduce", "broadcast", "broadcast_object_list", "all_gather", "all_gather_object",
     "get_sampler", "run_local_rank_zero_first", "local_rank_zero_download_and_wait",
     "rank_zero_only", "get_rank_zero_logger",
@@ -86,6 +87,9 @@ def get_node_rank() -> int:
     return _env_int("NODE_RANK", _env_int("GROUP_RANK", 0))
 
 
+_dist_timeout_s = 600.0  # the run's dist_timeout, recorded by initialize_dist
+
+
 def initialize_dist(device: str | torch.device = "cpu", timeout: float = 600.0) -> None:
     """Create the default process group from torchrun's environment, if there is more than one
     process and no group yet. Backend: ``nccl`` for CUDA, ``gloo`` for CPU.
@@ -95,6 +99,8 @@ def initialize_dist(device: str | torch.device = "cpu", timeout: float = 600.0) 
         timeout: seconds a collective (and the group's creation) may wait for the other
             ranks before it fails (default 600, Composer's ``dist_timeout``). A rank that
             stops answering thus ends the job after ``timeout`` seconds instead of hanging it.
+            Recorded for the process groups cadence creates beside the default one
+            (:func:`get_dist_timeout`), also when the default group already exists.
 
     Raises:
         ValueError: ``timeout`` is not a positive number of seconds.
@@ -103,6 +109,8 @@ def initialize_dist(device: str | torch.device = "cpu", timeout: float = 600.0) 
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"dist_timeout must be a positive number of seconds, got {timeout!r} "
                          f"(default 600).")
+    global _dist_timeout_s
+    _dist_timeout_s = float(timeout)
     if is_initialized() or _env_int("WORLD_SIZE", 1) <= 1:
         return
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT", "RANK") if name not in os.environ]
@@ -113,6 +121,14 @@ def initialize_dist(device: str | torch.device = "cpu", timeout: float = 600.0) 
     if device_type == "cuda":
         torch.cuda.set_device(get_local_rank())
     torch_dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
+
+
+def get_dist_timeout() -> datetime.timedelta:
+    """The run's ``dist_timeout`` (the last :func:`initialize_dist`'s ``timeout``; 600 s
+    before any), for every process group cadence creates beside the default one (the
+    asynchronous checkpoint's, the tensor-parallel metrics' ...): ``torch.distributed.new_group``
+    would otherwise give them torch's default (30 minutes for gloo), not the run's."""
+    return datetime.timedelta(seconds=_dist_timeout_s)
 
 
 def _needs_group(name: str) -> bool:

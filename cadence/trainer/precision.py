@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 from enum import Enum
-from typing import ContextManager
+from typing import TYPE_CHECKING, ContextManager
 
-import torch
+if TYPE_CHECKING:  # imported where used: the run-file check reads Precision without torch
+    import torch
 
 __all__ = ["Precision", "get_precision_context"]
 
@@ -41,5 +42,7 @@ def get_precision_context(precision: Precision, device: torch.device) -> Context
     """The autocast context for ``precision`` on ``device`` (a no-op for fp32)."""
     if precision == Precision.FP32:
         return contextlib.nullcontext()
+    import torch
+
     dtype = torch.bfloat16 if precision == Precision.AMP_BF16 else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)

@@ -5,18 +5,21 @@ user code, by a dotted import path (``name: my_pkg.models.MyModel`` or
 ``my_pkg.models:MyModel``).
 
 Registries fill lazily: the first look-up imports cadence's built-in modules, whose
-``@<registry>.register(...)`` decorators add their entries.
+``@<registry>.register(...)`` decorators add their entries. The run-file check reads what
+is registered from a light index instead (:mod:`cadence.trainer.registry_index`), plus what
+this process has registered so far (:meth:`Registry.peek`), so that a typo costs no imports.
 """
 
 from __future__ import annotations
 
-import difflib
 import importlib
-from typing import Any, Callable, Generic, Iterator, Optional, TypeVar
+from typing import Any, Callable, Generic, Iterable, Iterator, Optional, TypeVar
+
+from cadence.trainer.config_errors import did_you_mean
 
 __all__ = [
     "Registry", "models", "algorithms", "callbacks", "loggers", "datasets", "optimizers",
-    "schedulers", "import_object",
+    "schedulers", "import_object", "unknown_name_message",
 ]
 
 T = TypeVar("T")
@@ -45,6 +48,15 @@ def _load_builtins() -> None:
         for submodule in getattr(package, "_REGISTERING_MODULES", ()):
             importlib.import_module(submodule)
     _builtins_loaded = True
+
+
+def unknown_name_message(kind: str, name: str, registered: Iterable[str]) -> str:
+    """The error text for an unknown ``kind`` ``name``: did-you-mean plus the allowed names."""
+    names = sorted(set(registered))
+    return (
+        f"Unknown {kind} {name!r}.{did_you_mean(name, names)} Registered {kind}s: "
+        f"{', '.join(names)}; or give a dotted import path ('my_pkg.module.Name')."
+    )
 
 
 def import_object(path: str) -> Any:
@@ -113,13 +125,16 @@ class Registry(Generic[T]):
     def unknown_message(self, name: str) -> str:
         """The error text for an unknown ``name``: did-you-mean plus the allowed names."""
         _load_builtins()
-        close = difflib.get_close_matches(name, self._entries, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        return (
-            f"Unknown {self.kind} {name!r}.{hint} Registered {self.kind}s: "
-            f"{', '.join(sorted(self._entries))}; or give a dotted import path "
-            f"('my_pkg.module.Name')."
-        )
+        return unknown_name_message(self.kind, name, self._entries)
+
+    def peek(self, name: str) -> Optional[T]:
+        """What this process has registered as ``name`` so far, or ``None``; unlike
+        :meth:`get`, imports nothing (the built-in modules may not be loaded yet)."""
+        return self._entries.get(name)
+
+    def names_so_far(self) -> list[str]:
+        """The names this process has registered so far, sorted; imports nothing."""
+        return sorted(self._entries)
 
     def names(self) -> list[str]:
         """All registered names, sorted."""

@@ -15,13 +15,12 @@ import torch
 from cadence.devices import get_device
 from cadence.models.base import ComposerModel
 from cadence.trainer import dist
-from cadence.trainer.auto_microbatch import (
-    alloc_retries, any_rank, is_out_of_memory, release_after_oom,
-)
+from cadence.trainer.auto_microbatch import forward_backward_auto, parse_microbatch_size
 from cadence.trainer.checkpoint import load_checkpoint
 from cadence.trainer.checkpoint.data_position import iter_epoch
 from cadence.trainer.checkpoint.lock import lock_save_folder, release_on_error
 from cadence.trainer.checkpoint.run_folder import check_autoresume_folder
+from cadence.trainer.checkpoint.remote import check_url, fetched, is_remote, local_folder
 from cadence.trainer.checkpoint.resume import resolve_load_path, written_by
 from cadence.trainer.core import (
     Algorithm, Callback, Engine, Evaluator, Event, State, Time, TimeLike, Timestamp, TimeUnit,
@@ -41,7 +40,9 @@ from cadence.trainer.parallel.compile import parse_compile_config
 from cadence.trainer.parallel.elastic import check_resume_layout, mesh_layout
 from cadence.trainer.parallel.data import (
     align_sampler_with_data_parallel, check_distributed_sampler, real_samples_on_rank,
+    sync_metrics_over,
 )
+from cadence.trainer.parallel.mesh import data_parallel_group
 from cadence.trainer.precision import Precision, get_precision_context
 from cadence.trainer.predict import predict_loop
 from cadence.utils.reproducibility import seed_all
@@ -93,7 +94,10 @@ class Trainer:
             and on the first batch.
             The loss stays on the device between logs: no host sync per step.
         save_folder: where run artifacts go (metrics, later checkpoints); ``{run_name}`` in it
-            is filled in. The file logger writes there unless given its own folder.
+            is filled in. The file logger writes there unless given its own folder. An
+            fsspec URL (``s3://bucket/runs/{run_name}``) saves to object storage through a
+            local stage (:mod:`~cadence.trainer.checkpoint.remote`; ``state.save_folder`` is
+            then the stage, and the logs are uploaded at each save and at ``close()``).
         hyperparameters: logged once through every logger destination (e.g. the YAML config).
         parallelism_config: ``{"fsdp": {...}, "tp": {...}}`` or a parsed
             :class:`~cadence.trainer.parallel.ParallelismConfig` (see
@@ -113,7 +117,8 @@ class Trainer:
         save_async: write checkpoints in a background thread; the loop waits only while the
             state is copied to CPU memory (see ``CheckpointSaver``'s ``save_async``). Default
             False.
-        load_path: a checkpoint to start from (a ``.pt`` file or a sharded directory).
+        load_path: a checkpoint to start from (a ``.pt`` file or a sharded directory, or
+            its URL: ``s3://bucket/runs/x/ep1-ba8``).
         load_weights_only: take only the model's weights from ``load_path``.
         load_strict_model_weights: the model's keys must match the checkpoint's.
         load_ignore_keys: glob patterns of what not to load (e.g. ``model/model.score.*``,
@@ -194,16 +199,8 @@ class Trainer:
     ) -> None:
         init_args = dict(locals()) if auto_log_hparams else {}
         self._check_model(model)
-        self._auto_microbatch = device_train_microbatch_size == "auto"
-        if self._auto_microbatch:
-            device_train_microbatch_size = None  # the batch size, found at the first batch
-        elif device_train_microbatch_size is not None and (
-            not isinstance(device_train_microbatch_size, int) or device_train_microbatch_size <= 0
-        ):
-            raise ValueError(
-                f"device_train_microbatch_size must be a positive int, 'auto' or None, got "
-                f"{device_train_microbatch_size!r}."
-            )
+        self._auto_microbatch, device_train_microbatch_size = parse_microbatch_size(
+            device_train_microbatch_size)  # 'auto': None, the batch size at the first batch
         if len(as_list(optimizers)) > 1:
             raise ValueError("Only one optimizer is supported; put parameter groups in one optimizer.")
         self.eval_interval = parse_eval_interval(eval_interval)
@@ -231,12 +228,17 @@ class Trainer:
         run_name, rank_zero_seed = options.agree_across_ranks(
             run_name or options.run_name_from_env(), seed)
         seed_all(rank_zero_seed + self._dp_rank)
+        # a URL (s3://...) saves to object storage; artifacts are written to its local stage
+        self._save_url = None if save_folder is None else save_folder.format(run_name=run_name)
+        for url in (self._save_url, load_path):  # an unknown protocol or missing extra: now
+            if url is not None:
+                check_url(url)
 
         self.state = State(
             model=model,
             rank_zero_seed=rank_zero_seed,
             run_name=run_name,
-            save_folder=None if save_folder is None else save_folder.format(run_name=run_name),
+            save_folder=local_folder(self._save_url),
             device=device_obj,
             max_duration=options.scale_duration(self._parse_duration(max_duration),
                                                 scale_schedule_ratio),
@@ -251,7 +253,8 @@ class Trainer:
             callbacks=as_list(callbacks) + options.profiler_callbacks(profiler),
         )
         # one run per save folder (rank 0 locks it; released by close() or at exit)
-        self._run_lock = lock_save_folder(self.state.save_folder, run_name)
+        self._run_lock = lock_save_folder(self._save_url, run_name)
+        self._sync_remote_logs(download=True)
         destinations = as_list(loggers)
         destinations += options.console_destinations(
             destinations, progress_bar, log_to_console, console_stream,
@@ -275,14 +278,16 @@ class Trainer:
         self._build_metrics()
         self.engine.run_event(Event.BEFORE_LOAD)
         path, resuming = resolve_load_path(
-            autoresume, self.state.save_folder,
+            autoresume, self._save_url,
             save_latest_filename.format(run_name=self.state.run_name), load_path,
             run_name=self.state.run_name)
         if path is not None:
-            if not (load_weights_only and not resuming):  # refused before anything loads
-                check_resume_layout(path, self.state, self.parallelism_config, load_ignore_keys)
-            load_checkpoint(self.state, path, weights_only=load_weights_only and not resuming,
-                            strict=load_strict_model_weights, ignore_keys=load_ignore_keys)
+            with fetched(path) as local:  # a remote checkpoint: downloaded, then removed
+                if not (load_weights_only and not resuming):  # refused before anything loads
+                    check_resume_layout(local, self.state, self.parallelism_config,
+                                        load_ignore_keys)
+                load_checkpoint(self.state, local, weights_only=load_weights_only and not resuming,
+                                strict=load_strict_model_weights, ignore_keys=load_ignore_keys)
             log.info("%s checkpoint %s at %s", "Resumed from" if resuming else "Loaded",
                      path, self.state.timestamp)
             # which checkpoint this run started from, in every logger destination too
@@ -295,28 +300,31 @@ class Trainer:
                               autoresume: bool, **kwargs: Any) -> None:
         """Add a CheckpointSaver when the run has a save_folder (Composer does the same)."""
         state = self.state
-        if state.save_folder is None or save_interval is None:
+        if self._save_url is None or save_interval is None:
             return
         from cadence.callbacks.checkpoint_saver import CheckpointSaver
         from cadence.trainer.checkpoint.files import find_latest_checkpoint
 
         fsdp = self.parallelism_config.fsdp
         fmt = state_dict_type or (fsdp.state_dict_type if fsdp is not None else "full")
-        saver = CheckpointSaver(folder=state.save_folder, save_interval=save_interval,
+        saver = CheckpointSaver(folder=self._save_url, save_interval=save_interval,
                                 state_dict_type=fmt, metadata=self._checkpoint_metadata(),
                                 **kwargs)
         if not (autoresume or kwargs["overwrite"]):
-            existing = find_latest_checkpoint(
-                saver.folder_path(state), saver.latest_filename.format(run_name=state.run_name),
-                belongs=lambda path: written_by(path, state.run_name))
+            latest = saver.latest_filename.format(run_name=state.run_name)
+            remote = saver.remote_folder(state)
+            existing = (next(iter(remote.candidates(latest, state.run_name)), None)
+                        if remote is not None else find_latest_checkpoint(
+                            saver.folder_path(state), latest,
+                            belongs=lambda path: written_by(path, state.run_name)))
             if existing is not None:
                 raise ValueError(
-                    f"save_folder {state.save_folder} already holds checkpoint {existing}; set "
+                    f"save_folder {self._save_url} already holds checkpoint {existing}; set "
                     f"autoresume=True to continue that run, save_overwrite=True to replace its "
                     f"checkpoints, or choose another save_folder / run_name."
                 )
         if autoresume:  # another run's checkpoints there: refused now, not at the first save
-            check_autoresume_folder(state.save_folder, state.run_name, kwargs["filename"])
+            check_autoresume_folder(self._save_url, state.run_name, kwargs["filename"])
         state.callbacks.append(saver)
 
     def _checkpoint_metadata(self) -> dict[str, Any]:
@@ -339,6 +347,8 @@ class Trainer:
                             state.precision)
         state.model = parallelize(module, plan)
         self._module = unwrap_model(state.model)
+        # metrics sum over the data-parallel ranks (a TP group shares its samples)
+        self._metric_group = data_parallel_group(self.parallelism_config)
         if any(id(p) not in names for p in self._module.parameters()):
             for optimizer in optimizers:
                 remap_optimizer_params(optimizer, names, self._module)
@@ -413,6 +423,9 @@ class Trainer:
                     )
                 metrics = {k: metrics[k] for k in evaluator.metric_names}
             state.eval_metrics[evaluator.label] = {k: m.to(state.device) for k, m in metrics.items()}
+        sync_metrics_over([*state.train_metrics.values(),
+                           *(m for ms in state.eval_metrics.values() for m in ms.values())],
+                          self._metric_group)
 
     # ------------------------------------------------------------------ fit
     def fit(self, *, train_dataloader: Optional[Iterable[Any]] = None,
@@ -481,7 +494,7 @@ class Trainer:
             run_saver.wait()  # a background save in flight (save_async) moves latest first
         fsdp = self.parallelism_config.fsdp
         saver = CheckpointSaver(  # its own: the run's saver keeps its rotation list
-            folder=self.state.save_folder or ".", overwrite=True, symlink_filename=None,
+            folder=self._save_url or ".", overwrite=True, symlink_filename=None,
             state_dict_type=run_saver.state_dict_type if run_saver else "full" if fsdp is None
             else fsdp.state_dict_type, metadata=self._checkpoint_metadata())
         path = saver.save(self.state, self.logger, filename=name, weights_only=weights_only)
@@ -576,41 +589,11 @@ class Trainer:
 
     def _forward_backward(self, batch: Any, batch_size: int) -> torch.Tensor:
         """Gradients of ``batch`` over its microbatches; with ``'auto'`` microbatching, retried
-        at half the microbatch size when any rank runs out of memory."""
-        state = self.state
-        if not self._auto_microbatch:
-            return self._accumulate(batch, batch_size, state.device_train_microbatch_size)
-        if state.device_train_microbatch_size is None:
-            state.device_train_microbatch_size = batch_size
-            if state.device.type != "cuda":
-                log.info("device_train_microbatch_size='auto': on %s the whole batch (%d) is "
-                         "used unless it runs out of memory.", state.device.type, batch_size)
-        while True:
-            size = state.device_train_microbatch_size
-            retries = alloc_retries(state.device)
-            failure: Optional[BaseException] = None
-            try:
-                result = self._accumulate(batch, batch_size, size)
-            except Exception as exc:
-                if not is_out_of_memory(exc):
-                    raise
-                failure = exc
-            if any_rank(failure is not None, state.device):
-                release_after_oom(state.model, state.optimizers, state.device)
-                self._lower_microbatch_size(size, "ran out of memory", failure)
-                continue
-            if any_rank(alloc_retries(state.device) > retries, state.device) and size > 1:
-                self._lower_microbatch_size(size, "made the CUDA allocator retry", None)
-            return result
-
-    def _lower_microbatch_size(self, size: int, reason: str,
-                               failure: Optional[BaseException]) -> None:
-        if size <= 1:
-            raise RuntimeError(f"A microbatch of 1 sample {reason}; the model does not fit "
-                               f"on this device.") from failure
-        self.state.device_train_microbatch_size = size // 2
-        log.warning("device_train_microbatch_size='auto': a microbatch of %d %s; now %d.",
-                    size, reason, size // 2)
+        at half the microbatch size when any rank runs out of memory (:mod:`.auto_microbatch`)."""
+        if self._auto_microbatch:
+            return forward_backward_auto(self.state, batch_size,
+                                         lambda size: self._accumulate(batch, batch_size, size))
+        return self._accumulate(batch, batch_size, self.state.device_train_microbatch_size)
 
     def _accumulate(self, batch: Any, batch_size: int, size: Optional[int]) -> torch.Tensor:
         state = self.state
@@ -799,5 +782,22 @@ class Trainer:
         """Close every algorithm, callback and logger destination, and release the save
         folder's lock (idempotent)."""
         self.engine.close()
+        self._sync_remote_logs(download=False)  # the logs' last lines, after the loggers closed
         if self._run_lock is not None:
             self._run_lock.release()
+
+    def _sync_remote_logs(self, download: bool) -> None:
+        """With a remote save folder (rank 0): copy its logs (``metrics.jsonl``...) into the
+        local stage at start, so a resumed run appends to them; upload them at the end."""
+        if not is_remote(self._save_url) or dist.get_global_rank() != 0:
+            return
+        from cadence.trainer.checkpoint.remote import RemoteFolder
+
+        folder = RemoteFolder(str(self._save_url))
+        if download:  # fails early when the store cannot be reached or the keys are wrong
+            folder.download_artifacts()
+            return
+        try:
+            folder.upload_artifacts()
+        except OSError as exc:  # the checkpoints are safe; only the logs' tail is missing
+            log.warning("Could not upload the run's logs to %s: %s", self._save_url, exc)

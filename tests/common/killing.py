@@ -9,6 +9,7 @@ Named in a run file by dotted path (the repository on ``PYTHONPATH``)::
         batches: [3]          # at BATCH_END of batch 3
         during_save: [6]      # in batch 6's save: data written, before the rename into place
         before_pointer: [8]   # in batch 8's save: renamed into place, before ``latest`` moves
+        during_upload: [6]    # remote save_folder: batch 6's upload, one file sent
 
 Each kill first writes a marker file in ``marker_dir``; a relaunched run (autoresume) that
 passes the same point finds the marker and carries on, so every point kills exactly once.
@@ -59,13 +60,17 @@ class KillAt(Callback):
             callbacks on ``BATCH_CHECKPOINT``).
         before_pointer: kill inside the save of these batches after the rename, before the
             ``latest`` pointer is moved to the new checkpoint.
+        during_upload: with a remote ``save_folder``, kill inside the upload of these
+            batches' checkpoints once the first of its files is in the bucket (the rest,
+            the completion marker and the pointer never get there).
     """
 
     def __init__(self, marker_dir: str, batches: Sequence[int] = (),
-                 during_save: Sequence[int] = (), before_pointer: Sequence[int] = ()) -> None:
+                 during_save: Sequence[int] = (), before_pointer: Sequence[int] = (),
+                 during_upload: Sequence[int] = ()) -> None:
         self.marker_dir = Path(marker_dir)
         self.batches, self.during_save = set(batches), set(during_save)
-        self.before_pointer = set(before_pointer)
+        self.before_pointer, self.during_upload = set(before_pointer), set(during_upload)
 
     def _first_time(self, kind: str, batch: int) -> bool:
         """Whether this point has not killed yet (and mark it as having killed)."""
@@ -93,3 +98,18 @@ class KillAt(Callback):
                 kill_now()
 
             saver_module.write_latest = write_latest  # type: ignore[assignment]
+        if batch in self.during_upload and self._first_time("during_upload", batch):
+            _kill_in_upload()
+
+
+def _kill_in_upload() -> None:
+    """Make the next remote upload send its first file, then SIGKILL the process."""
+    from cadence.trainer.checkpoint.remote import RemoteFolder
+
+    def upload_part(folder: RemoteFolder, local: Path, name: str, rank: int) -> None:
+        first = min(local.iterdir()) if local.is_dir() else local
+        key = f"{folder.root}/{name}" + (f"/{first.name}" if local.is_dir() else "")
+        folder.fs.put_file(str(first), key)
+        kill_now()
+
+    RemoteFolder.upload_part = upload_part  # type: ignore[method-assign]

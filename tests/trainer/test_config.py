@@ -364,6 +364,17 @@ def test_all_problems_reported_at_once(tmp_path: Path) -> None:
     assert str(err).startswith(f"{len(keys)} problems in run config ")
 
 
+def test_schema_problems_are_reported_before_the_values_are_checked(tmp_path: Path) -> None:
+    # Two stages: a schema problem (here a wrong type) is raised before the components are
+    # imported and the values checked (here a checkpoint that does not exist).
+    path = write(tmp_path, VALID)
+    err = errors_of(path, ("seed=abc", "load_path=/nonexistent/ep1.pt"))
+    assert [p.key for p in err.problems] == ["seed"]
+    err = errors_of(path, ("load_path=/nonexistent/ep1.pt",))
+    assert [p.key for p in err.problems] == ["load_path"]
+    assert "'/nonexistent/ep1.pt' does not exist" in str(err)
+
+
 def test_validate_config_checks_a_config_built_in_python() -> None:
     cfg = TrainConfig(max_duration="1ba", global_train_batch_size=4,
                       model={"name": "test_config_model", "n_layerz": 1},

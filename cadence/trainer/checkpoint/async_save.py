@@ -132,11 +132,14 @@ class AsyncCheckpointer:
 
     def save(self, state: State, path: Path, fmt: str = "full", weights_only: bool = False,
              metadata: Optional[dict[str, Any]] = None,
-             on_written: Optional[Callable[[], None]] = None) -> None:
+             on_written: Optional[Callable[[], None]] = None,
+             upload: Optional[Callable[[Path], None]] = None) -> None:
         """Start saving ``state`` to ``path`` (every rank calls it): waits for the save in
         flight, stages the state to CPU memory and returns; the files are written, renamed
         into place and ``on_written`` is called (on every rank, in the writer thread; rank
-        0 moves the ``latest`` pointer there) in the background.
+        0 moves the ``latest`` pointer there) in the background. ``upload``, when given, is
+        called on every rank with the finished temporary before the rename, as
+        :func:`~cadence.trainer.checkpoint.checkpoint.save_checkpoint` does.
 
         Raises:
             ValueError: unknown ``fmt``.
@@ -156,17 +159,17 @@ class AsyncCheckpointer:
             if dist.get_global_rank() == 0:
                 staged = self._full_staged = copy_to_cpu({**tensors, **extra}, self._full_staged)
             job = self._executor.submit(self._write_full, staged, path, tmp, state.run_name,
-                                        group, on_written)
+                                        group, on_written, upload)
         else:
             tmp.mkdir(parents=True, exist_ok=True)
             writer = HashingFileSystemWriter(tmp, hashing=self.checksums)
             if not dist.is_initialized():  # DCP warns in its thread that one process is meant
                 warnings.filterwarnings("ignore", message=_NO_DIST_WARNING, category=UserWarning)
-            upload = dcp.async_save(tensors, storage_writer=writer, process_group=group,
-                                    no_dist=not dist.is_initialized())  # stages, then writes
-            job = self._executor.submit(self._finish_sharded, upload, writer,
+            writing = dcp.async_save(tensors, storage_writer=writer, process_group=group,
+                                     no_dist=not dist.is_initialized())  # stages, then writes
+            job = self._executor.submit(self._finish_sharded, writing, writer,
                                         copy_to_cpu(extra), path, tmp, state.run_name, group,
-                                        on_written)
+                                        on_written, upload)
         self._in_flight = _Save(path, tmp, job)
 
     def poll(self) -> None:
@@ -210,13 +213,15 @@ class AsyncCheckpointer:
     # ------------------------------------------------------------------ background
     def _checkpoint_group(self) -> Any:
         """A gloo group of all ranks for the writer thread's collectives (None in one
-        process), so they never interleave with the loop's on the default group."""
+        process), so they never interleave with the loop's on the default group; its
+        collectives time out after the run's ``dist_timeout`` (as the loop's do)."""
         if self._group is None and dist.is_initialized():
-            self._group = torch_dist.new_group(backend="gloo")
+            self._group = torch_dist.new_group(backend="gloo", timeout=dist.get_dist_timeout())
         return self._group
 
     def _write_full(self, obj: dict[str, Any], path: Path, tmp: Path, run_name: str,
-                    group: Any, on_written: Optional[Callable[[], None]]) -> None:
+                    group: Any, on_written: Optional[Callable[[], None]],
+                    upload: Optional[Callable[[Path], None]]) -> None:
         failure: Optional[BaseException] = None
         if dist.get_global_rank() == 0:
             try:
@@ -224,11 +229,13 @@ class AsyncCheckpointer:
             except Exception as exc:
                 failure = exc
         _agree(failure, tmp, path, group)
+        _upload(upload, tmp, path, group)
         _commit(path, tmp, group, on_written)
 
     def _finish_sharded(self, upload: Any, writer: HashingFileSystemWriter,
                         extra: dict[str, Any], path: Path, tmp: Path, run_name: str,
-                        group: Any, on_written: Optional[Callable[[], None]]) -> None:
+                        group: Any, on_written: Optional[Callable[[], None]],
+                        upload_files: Optional[Callable[[Path], None]]) -> None:
         failure: Optional[BaseException] = None
         try:
             upload.result()  # DCP's thread: every rank's shards and .metadata
@@ -242,7 +249,22 @@ class AsyncCheckpointer:
             except Exception as exc:
                 failure = exc
         _agree(failure, tmp, path, group)
+        _upload(upload_files, tmp, path, group)
         _commit(path, tmp, group, on_written)
+
+
+def _upload(upload: Optional[Callable[[Path], None]], tmp: Path, path: Path,
+            group: Any) -> None:
+    """Every rank's part is on disk: each rank uploads its files (a remote save folder);
+    a failure on any rank fails the save on every rank."""
+    if upload is None:
+        return
+    failure: Optional[BaseException] = None
+    try:
+        upload(tmp)
+    except Exception as exc:
+        failure = exc
+    _agree(failure, tmp, path, group)
 
 
 def _commit(path: Path, tmp: Path, group: Any, on_written: Optional[Callable[[], None]]) -> None:

@@ -44,7 +44,7 @@ import shutil
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -63,6 +63,7 @@ from cadence.trainer.checkpoint.files import (
     EXTRA_FILE, METADATA_FILE, TMP_MARK, is_complete, remove_temporary, temporary_path,
 )
 from cadence.trainer.checkpoint.manifest import verify_checkpoint
+from cadence.trainer.checkpoint.optim_state import set_full_optimizer_state
 from cadence.trainer.checkpoint.rng import get_rng_state, set_rng_state
 from cadence.trainer.checkpoint.safe_unpickle import SafeFileSystemReader, refused_global
 from cadence.trainer.checkpoint.writing import (
@@ -156,7 +157,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def save_checkpoint(state: State, path: Path, fmt: str = "full", weights_only: bool = False,
-                    metadata: Optional[dict[str, Any]] = None, checksums: bool = True) -> Path:
+                    metadata: Optional[dict[str, Any]] = None, checksums: bool = True,
+                    upload: Optional[Callable[[Path], None]] = None) -> Path:
     """Write a checkpoint of ``state`` at ``path`` (a ``.pt`` file for ``full``, a directory
     for ``sharded``), atomically: written under a temporary name, renamed when every rank
     is done. Call on every rank.
@@ -164,6 +166,10 @@ def save_checkpoint(state: State, path: Path, fmt: str = "full", weights_only: b
     Args:
         checksums: record each file's CRC32C, computed while writing (default). Off only
             to measure what it costs.
+        upload: called on every rank with the finished temporary once every rank's part is
+            written, before the rename (a remote ``save_folder`` uploads this rank's files
+            there, :mod:`~cadence.trainer.checkpoint.remote`); a failure on any rank fails
+            the save on every rank as a write failure does.
 
     Raises:
         ValueError: unknown ``fmt``.
@@ -177,6 +183,13 @@ def save_checkpoint(state: State, path: Path, fmt: str = "full", weights_only: b
     tmp = temporary_path(path, state.run_name, token[0])
     rank0 = dist.get_global_rank() == 0
     _write_temporary(tensors, extra, path, tmp, full, state.run_name, checksums)
+    if upload is not None:
+        failure: Optional[BaseException] = None
+        try:
+            upload(tmp)
+        except Exception as exc:
+            failure = exc
+        raise_if_save_failed(failure, tmp, path)
     if rank0:
         rename_into_place(tmp, path)
     dist.barrier()
@@ -434,8 +447,7 @@ def _load_full(state: State, path: Path, weights_only: bool, strict: bool,
         if not _ignored("optimizers", ignore_keys):
             for i, optimizer in enumerate(state.optimizers):
                 optim_sd = loaded["optimizers"][str(i)] if rank0 else {}
-                set_optimizer_state_dict(state.model, optimizer, optim_sd,
-                                         options=_options(True, broadcast=broadcast))
+                set_full_optimizer_state(state.model, optimizer, optim_sd, broadcast)
         _restore_rest(state, rest, ignore_keys)
     return dict(rest["metadata"])
 

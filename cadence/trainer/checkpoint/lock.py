@@ -235,20 +235,31 @@ def _acquire_without_locks(path: Path, run_name: str, token: str) -> RunLock:
                           f"save_folder {path.parent}.")
 
 
-def lock_save_folder(folder: Optional[str], run_name: str) -> Optional[RunLock]:
-    """Rank 0 locks the run's ``folder``; every rank raises if it could not (a collective
-    when several ranks run). No folder: no lock.
+def lock_save_folder(folder: Optional[str], run_name: str) -> Optional[Any]:
+    """Rank 0 locks the run's ``folder`` (a remote URL: a lock object with a heartbeat,
+    :mod:`~cadence.trainer.checkpoint.remote_lock`); every rank raises if it could not (a
+    collective when several ranks run). No folder: no lock.
+
+    Returns:
+        The lock (its ``release()`` gives it back) on rank 0, else None.
 
     Raises:
         SaveFolderInUse: another live run holds ``folder``.
     """
     if folder is None:
         return None
-    lock: Optional[RunLock] = None
+    from cadence.trainer.checkpoint.remote import is_remote, local_path
+
+    lock: Optional[Any] = None
     error: list[Optional[str]] = [None]
     if dist.get_global_rank() == 0:
         try:
-            lock = acquire_run_lock(Path(folder), run_name)
+            if is_remote(folder):
+                from cadence.trainer.checkpoint.remote_lock import acquire_remote_lock
+
+                lock = acquire_remote_lock(folder, run_name)
+            else:
+                lock = acquire_run_lock(local_path(folder), run_name)
         except SaveFolderInUse as exc:
             error[0] = str(exc)
     if dist.get_world_size() > 1:

@@ -10,16 +10,22 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Union
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 
 from cadence.trainer import dist
 from cadence.trainer.checkpoint.errors import CheckpointError
-from cadence.trainer.checkpoint.files import checkpoint_candidates, remove_stale_temporaries
+from cadence.trainer.checkpoint.files import (
+    checkpoint_candidates, remove_checkpoint, remove_stale_temporaries,
+)
+from cadence.trainer.checkpoint.remote import (
+    COMPLETE_SUFFIX, RemoteFolder, is_remote, local_path,
+)
 
-__all__ = ["SkipSampler", "newest_intact_checkpoint", "resolve_load_path",
+__all__ = ["SkipSampler", "newest_intact_checkpoint", "newest_intact_remote_checkpoint",
+           "resolve_load_path",
            "skip_consumed_batches", "written_by"]
 
 log = logging.getLogger(__name__)
@@ -129,10 +135,45 @@ def newest_intact_checkpoint(folder: Path, latest_filename: str,
     return None
 
 
+def newest_intact_remote_checkpoint(url: str, latest_filename: str,
+                                    run_name: Optional[str]) -> Optional[str]:
+    """:func:`newest_intact_checkpoint` for a remote folder: the newest checkpoint of
+    ``run_name`` with a completion marker that downloads and passes its checksums (the
+    copy stays in the stage for the load). Rank-local.
+
+    Raises:
+        CheckpointError: as :func:`newest_intact_checkpoint`.
+    """
+    from cadence.trainer.checkpoint.checkpoint import verify
+
+    remote = RemoteFolder(url)
+    rejected: list[str] = []
+    for name in remote.candidates(latest_filename, run_name):
+        try:
+            verify(remote.download(name))
+        except (CheckpointError, OSError) as exc:
+            remove_checkpoint(remote.stage / "loaded" / name)  # the rejected copy
+            log.warning("Autoresume rejects checkpoint %s: %s", remote.url_of(name), exc)
+            rejected.append(f"{remote.url_of(name)}: {exc}")
+            continue
+        if rejected:
+            log.warning("Autoresume falls back to %s, the newest checkpoint of run %s that "
+                        "passes its checksums.", remote.url_of(name), run_name)
+        return remote.url_of(name)
+    if rejected:
+        raise CheckpointError(
+            f"Autoresume found checkpoints of run {run_name} in {url}, but none passes its "
+            f"checksums: {'; '.join(rejected)}. Delete them (or their {COMPLETE_SUFFIX} "
+            f"markers) to start afresh, or pass a checkpoint you trust as load_path.")
+    return None
+
+
 def resolve_load_path(autoresume: bool, save_folder: Optional[str], latest_filename: str,
-                      load_path: Optional[str],
-                      run_name: Optional[str] = None) -> tuple[Optional[Path], bool]:
-    """The checkpoint to load and whether it is an autoresume (a full restore).
+                      load_path: Optional[str], run_name: Optional[str] = None
+                      ) -> tuple[Optional[Union[Path, str]], bool]:
+    """The checkpoint to load (a local path, or the URL of a remote one: load it through
+    :func:`~cadence.trainer.checkpoint.remote.fetched`) and whether it is an autoresume (a
+    full restore).
 
     With ``autoresume``, the newest intact checkpoint of ``run_name`` in ``save_folder``
     (:func:`newest_intact_checkpoint`) wins; without one (a fresh run) ``load_path`` is used.
@@ -146,20 +187,28 @@ def resolve_load_path(autoresume: bool, save_folder: Optional[str], latest_filen
     choice: list[Any] = [None, False, None]  # path, resuming, error
     if dist.get_global_rank() == 0:
         try:
-            if save_folder is not None and run_name is not None:
-                removed = remove_stale_temporaries(Path(save_folder), run_name, latest_filename)
+            remote = is_remote(save_folder)
+            stage = None if save_folder is None else (
+                RemoteFolder(save_folder).stage if remote else local_path(save_folder))
+            if stage is not None and run_name is not None:
+                removed = remove_stale_temporaries(stage, run_name, latest_filename)
                 if removed:
                     log.info("Removed %d stale temporaries of run %s (unfinished saves): %s",
                              len(removed), run_name, ", ".join(p.name for p in removed))
             if autoresume and save_folder is not None:
-                found = newest_intact_checkpoint(Path(save_folder), latest_filename, run_name)
+                found = (newest_intact_remote_checkpoint(save_folder, latest_filename, run_name)
+                         if remote else newest_intact_checkpoint(stage, latest_filename,
+                                                                 run_name))
                 if found is not None:
                     choice = [str(found), True, None]
-        except CheckpointError as exc:
+        except (CheckpointError, ValueError, OSError) as exc:  # also: the store unreachable
             choice[2] = str(exc)
         if choice[0] is None and choice[2] is None and load_path is not None:
             choice = [load_path, False, None]
     dist.broadcast_object_list(choice)
     if choice[2] is not None:
         raise CheckpointError(choice[2])
-    return (Path(choice[0]) if choice[0] is not None else None), bool(choice[1])
+    path = choice[0]
+    if path is not None and not is_remote(path):
+        path = local_path(path)
+    return path, bool(choice[1])

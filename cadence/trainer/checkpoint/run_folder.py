@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from cadence.trainer import dist
+from cadence.trainer.checkpoint.remote import is_remote, local_path
 
 __all__ = ["check_autoresume_folder", "could_write"]
 
@@ -59,6 +60,20 @@ def _foreign_checkpoints(folder: Path, run_name: str, filename: str) -> dict[str
     return others
 
 
+def _foreign_remote_checkpoints(url: str, run_name: str, filename: str) -> dict[str, Path]:
+    """:func:`_foreign_checkpoints` of a remote folder, from its completion markers."""
+    from cadence.trainer.checkpoint.remote import RemoteFolder
+
+    others: dict[str, Path] = {}
+    for name, marker in sorted(RemoteFolder(url).markers().items()):
+        owner = marker.get("run_name")
+        if owner == run_name:
+            return {}
+        if could_write(filename, run_name, name):
+            others.setdefault(str(owner), Path(name))
+    return others
+
+
 def check_autoresume_folder(folder: Optional[str], run_name: str, filename: str) -> None:
     """Refuse an autoresume into ``folder`` that holds no checkpoint of ``run_name`` but another
     run's, under names this run would write. Rank 0 looks; every rank raises.
@@ -70,7 +85,8 @@ def check_autoresume_folder(folder: Optional[str], run_name: str, filename: str)
         return
     message: list[Optional[str]] = [None]
     if dist.get_global_rank() == 0:
-        others = _foreign_checkpoints(Path(folder), run_name, filename)
+        others = (_foreign_remote_checkpoints(folder, run_name, filename) if is_remote(folder)
+                  else _foreign_checkpoints(local_path(folder), run_name, filename))
         if others:
             owner, example = next(iter(others.items()))
             names = ", ".join(repr(o) for o in others)

@@ -1,22 +1,30 @@
 """Parallelism, applied from outside the model: ``parallelize(model, plan)`` (in
 :mod:`.plan`) runs activation checkpointing, compile, tensor parallelism, then FSDP2 or
 DDP; single process, DDP, FSDP2 and FSDP2 x TP are one path.
+
+Names are imported on first use (:mod:`cadence._lazy`), so the run-file check can read
+:mod:`.config` (the ``parallelism_config`` schema) without importing torch.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
-from cadence.trainer.parallel.config import (
-    FSDPConfig, ParallelismConfig, TPConfig, parse_parallelism_config,
-)
-from cadence.trainer.parallel.fsdp import plan_fsdp_units
-from cadence.trainer.parallel.mesh import (
-    build_mesh, data_parallel_rank, data_parallel_size, mesh_shape,
-)
-from cadence.trainer.parallel.plan import ParallelPlan, parallelize
-from cadence.trainer.parallel.tp import is_shard_placement
+from cadence._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from cadence.trainer.parallel.config import (
+        FSDPConfig, ParallelismConfig, TPConfig, parse_parallelism_config,
+    )
+    from cadence.trainer.parallel.fsdp import plan_fsdp_units
+    from cadence.trainer.parallel.mesh import (
+        build_mesh, data_parallel_rank, data_parallel_size, mesh_shape,
+    )
+    from cadence.trainer.parallel.plan import ParallelPlan, parallelize
+    from cadence.trainer.parallel.tp import is_shard_placement
 
 __all__ = [
     "FSDPConfig", "TPConfig", "ParallelismConfig", "ParallelPlan", "parse_parallelism_config",
@@ -24,9 +32,21 @@ __all__ = [
     "plan_fsdp_units", "unwrap_model", "is_fsdp", "remap_optimizer_params", "is_shard_placement",
 ]
 
+_config, _mesh = "cadence.trainer.parallel.config", "cadence.trainer.parallel.mesh"
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "FSDPConfig": _config, "TPConfig": _config, "ParallelismConfig": _config,
+    "parse_parallelism_config": _config, "plan_fsdp_units": "cadence.trainer.parallel.fsdp",
+    "build_mesh": _mesh, "mesh_shape": _mesh, "data_parallel_rank": _mesh,
+    "data_parallel_size": _mesh, "ParallelPlan": "cadence.trainer.parallel.plan",
+    "parallelize": "cadence.trainer.parallel.plan",
+    "is_shard_placement": "cadence.trainer.parallel.tp",
+})
+
 
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The user's model inside a DDP wrapper (FSDP2 shards in place, so it is the model)."""
+    from torch import nn
+
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 

@@ -1,18 +1,21 @@
 """Data across ranks: every data-parallel rank must see distinct samples (and the ranks of
-one tensor-parallel group the same ones), and eval metrics must not count the samples a
-``DistributedSampler`` repeats to even out the ranks."""
+one tensor-parallel group the same ones), and metrics must count each sample once: not the
+samples a ``DistributedSampler`` repeats to even out the ranks, nor a tensor-parallel
+group's shared samples once per rank of the group."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
+import torch.distributed as torch_dist
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+from torchmetrics import Metric
 
 from cadence.trainer import dist
 
 __all__ = ["check_distributed_sampler", "align_sampler_with_data_parallel",
-           "real_samples_on_rank"]
+           "real_samples_on_rank", "sync_metrics_over"]
 
 
 def check_distributed_sampler(dataloader: Any, name: str) -> None:
@@ -91,3 +94,22 @@ def real_samples_on_rank(dataloader: Any) -> Optional[int]:
     if total % replicas == 0:
         return None
     return max(0, math.ceil((total - rank) / replicas))
+
+
+def sync_metrics_over(metrics: Iterable[Metric], group: Optional[torch_dist.ProcessGroup]
+                      ) -> None:
+    """Make ``metrics`` (and the metrics inside them: wrappers, collections) sync their
+    state over ``group`` when computed: the data-parallel ranks under tensor parallelism
+    (:func:`~cadence.trainer.parallel.mesh.data_parallel_group`), so the ranks of one
+    tensor-parallel group, which see the same samples, count them once (sums such as sample
+    counts, not just averages). ``group`` None (no tensor parallelism): the metrics are
+    left as they are (torchmetrics syncs over the world unless given a group).
+
+    Source: torchmetrics ``Metric(process_group=...)``.
+    """
+    if group is None:
+        return
+    for metric in metrics:
+        for module in metric.modules():
+            if isinstance(module, Metric):
+                module.process_group = group

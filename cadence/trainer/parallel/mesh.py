@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch.distributed as torch_dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from cadence.trainer import dist
 from cadence.trainer.parallel.config import FSDPConfig, ParallelismConfig
 
 __all__ = ["mesh_shape", "mesh_dims", "build_mesh", "data_parallel_mesh", "data_parallel_size",
-           "data_parallel_rank"]
+           "data_parallel_rank", "data_parallel_group"]
 
 
 def mesh_shape(config: FSDPConfig, world_size: int, local_world_size: int) -> tuple[int, ...]:
@@ -115,6 +116,30 @@ def data_parallel_rank(config: ParallelismConfig, global_rank: Optional[int] = N
     mesh dimension)."""
     rank = dist.get_global_rank() if global_rank is None else global_rank
     return rank // config.tp_degree
+
+
+def data_parallel_group(config: ParallelismConfig) -> Optional[torch_dist.ProcessGroup]:
+    """The process group of this rank's data-parallel peers: the ranks that hold the same
+    tensor-parallel shard of different samples, ``r % tensor_parallel_degree == rank %
+    tensor_parallel_degree`` (``tp`` is the innermost mesh dimension, as in
+    :func:`data_parallel_rank`), over every data-parallel dimension (``dp_replicate`` x
+    ``dp_shard``). What the samples are summed over, e.g. metrics: the ranks of one
+    tensor-parallel group see the same samples.
+
+    A collective: every rank calls it (it creates one group per tensor-parallel rank, whose
+    collectives time out after the run's ``dist_timeout``).
+
+    Returns:
+        The group; None without tensor parallelism (the data-parallel ranks are the world).
+    """
+    tp = config.tp_degree
+    if tp <= 1:
+        return None
+    world = dist.get_world_size()
+    group, _ = torch_dist.new_subgroups_by_enumeration(
+        [list(range(tp_rank, world, tp)) for tp_rank in range(tp)],
+        timeout=dist.get_dist_timeout())
+    return group
 
 
 def data_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
