@@ -380,7 +380,8 @@ def _print_remote(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
           "S3 / disk |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['format']} | {r['bytes'] / 2**20:,.0f} | {r['save_disk']:.2f} | {r['save_s3']:.2f} | "
+        print(f"| {r['format']} | {r['bytes'] / 2**20:,.0f} | {r['save_disk']:.2f} | "
+              f"{r['save_s3']:.2f} | "
               f"{r['save_s3'] / r['save_disk']:.1f}x | {r['load_disk']:.2f} | "
               f"{r['load_s3']:.2f} | {r['load_s3'] / r['load_disk']:.1f}x |")
     print()

@@ -6,13 +6,15 @@ group's shared samples once per rank of the group."""
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
-import torch.distributed as torch_dist
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
-from torchmetrics import Metric
 
 from cadence.trainer import dist
+
+if TYPE_CHECKING:
+    import torch.distributed as torch_dist
+    from torchmetrics import Metric
 
 __all__ = ["check_distributed_sampler", "align_sampler_with_data_parallel",
            "real_samples_on_rank", "sync_metrics_over"]
@@ -109,6 +111,8 @@ def sync_metrics_over(metrics: Iterable[Metric], group: Optional[torch_dist.Proc
     """
     if group is None:
         return
+    from torchmetrics import Metric  # only with tensor parallelism: keeps the import light
+
     for metric in metrics:
         for module in metric.modules():
             if isinstance(module, Metric):
