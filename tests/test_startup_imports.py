@@ -155,15 +155,14 @@ def test_metrics_path_exports_what_the_metrics_module_does() -> None:
 @pytest.mark.parametrize("package", ["cadence.algorithms", "cadence.callbacks"])
 def test_registry_imports_every_module_that_registers(package: str) -> None:
     # Lazy packages register nothing on import; the registry imports their
-    # _REGISTERING_MODULES. A new module with a @register decorator must be listed there
-    # (checkpoint_saver is left out on purpose: the Trainer adds it from its save_* args).
+    # _REGISTERING_MODULES. A new module with a @register decorator must be listed there.
     from pathlib import Path
 
     module = importlib.import_module(package)
     registering = {
         f"{package}.{path.stem}" for path in Path(module.__file__).parent.glob("*.py")
         if ".register(" in path.read_text()
-    } - {"cadence.callbacks.checkpoint_saver"}
+    }
     assert registering and registering == set(module._REGISTERING_MODULES)
 
 

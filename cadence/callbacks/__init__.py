@@ -44,6 +44,7 @@ _LAZY = {
 
 #: The modules whose import registers the callbacks in :data:`cadence.trainer.registry.callbacks`
 #: (the registry imports them on its first look-up).
+# CheckpointSaver is not a run-file name: the Trainer adds it from its save_* arguments.
 _REGISTERING_MODULES = tuple(sorted(set(_LAZY.values()) - {"cadence.callbacks.checkpoint_saver"}))
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -22,7 +22,6 @@ from cadence.trainer.checkpoint.files import (
 )
 from cadence.trainer.checkpoint.remote import RemoteFolder, is_remote, local_path
 from cadence.trainer.core import Callback, Event, State, Time, TimeUnit
-from cadence.trainer.registry import callbacks
 
 __all__ = ["CheckpointSaver"]
 
@@ -31,7 +30,6 @@ log = logging.getLogger(__name__)
 SaveInterval = Union[str, Time, Callable[[State, Event], bool]]
 
 
-@callbacks.register("checkpoint_saver")
 class CheckpointSaver(Callback):
     """Saves the run at ``BATCH_CHECKPOINT`` / ``EPOCH_CHECKPOINT`` on ``save_interval``, and
     when training ends.

@@ -19,9 +19,11 @@ from cadence.trainer.auto_microbatch import forward_backward_auto, parse_microba
 from cadence.trainer.checkpoint import load_checkpoint
 from cadence.trainer.checkpoint.data_position import iter_epoch
 from cadence.trainer.checkpoint.lock import lock_save_folder, release_on_error
-from cadence.trainer.checkpoint.run_folder import check_autoresume_folder
-from cadence.trainer.checkpoint.remote import check_url, fetched, is_remote, local_folder
+from cadence.trainer.checkpoint.remote import (
+    check_url, fetched, local_folder, sync_remote_logs,
+)
 from cadence.trainer.checkpoint.resume import resolve_load_path, written_by
+from cadence.trainer.checkpoint.run_folder import check_autoresume_folder
 from cadence.trainer.core import (
     Algorithm, Callback, Engine, Evaluator, Event, State, Time, TimeLike, Timestamp, TimeUnit,
 )
@@ -254,7 +256,7 @@ class Trainer:
         )
         # one run per save folder (rank 0 locks it; released by close() or at exit)
         self._run_lock = lock_save_folder(self._save_url, run_name)
-        self._sync_remote_logs(download=True)
+        sync_remote_logs(self._save_url, download=True)
         destinations = as_list(loggers)
         destinations += options.console_destinations(
             destinations, progress_bar, log_to_console, console_stream,
@@ -782,22 +784,6 @@ class Trainer:
         """Close every algorithm, callback and logger destination, and release the save
         folder's lock (idempotent)."""
         self.engine.close()
-        self._sync_remote_logs(download=False)  # the logs' last lines, after the loggers closed
+        sync_remote_logs(self._save_url, download=False)  # the logs' last lines, after the loggers closed
         if self._run_lock is not None:
             self._run_lock.release()
-
-    def _sync_remote_logs(self, download: bool) -> None:
-        """With a remote save folder (rank 0): copy its logs (``metrics.jsonl``...) into the
-        local stage at start, so a resumed run appends to them; upload them at the end."""
-        if not is_remote(self._save_url) or dist.get_global_rank() != 0:
-            return
-        from cadence.trainer.checkpoint.remote import RemoteFolder
-
-        folder = RemoteFolder(str(self._save_url))
-        if download:  # fails early when the store cannot be reached or the keys are wrong
-            folder.download_artifacts()
-            return
-        try:
-            folder.upload_artifacts()
-        except OSError as exc:  # the checkpoints are safe; only the logs' tail is missing
-            log.warning("Could not upload the run's logs to %s: %s", self._save_url, exc)

@@ -197,7 +197,7 @@ def save_checkpoint(state: State, path: Path, fmt: str = "full", weights_only: b
 
 
 def collect_checkpoint(state: State, fmt: str, weights_only: bool = False,
-                       metadata: Optional[dict[str, Any]] = None
+                       metadata: Optional[dict[str, Any]] = None, gather: bool = True
                        ) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a checkpoint of ``state`` holds, as ``(tensors, extra)`` (a collective: call on
     every rank). ``tensors``: model, optimizers, algorithm and callback state (for ``full``
@@ -205,12 +205,17 @@ def collect_checkpoint(state: State, fmt: str, weights_only: bool = False,
     every rank's RNG state, the data position. The values may share memory with the live
     model (copy them before training on, as the asynchronous save does).
 
+    Args:
+        gather: for ``full``, gather the tensors to rank 0 (default). False: leave them
+            sharded (DTensors, the same keys), for the caller to gather (the asynchronous
+            save does, in its writer thread: :mod:`~cadence.trainer.checkpoint.cpu_staging`).
+
     Raises:
         ValueError: unknown ``fmt``.
     """
     if fmt not in FORMATS:
         raise ValueError(f"checkpoint format {fmt!r} is not one of: {', '.join(FORMATS)}.")
-    full = fmt == "full"
+    full = fmt == "full" and gather
     model_sd = get_model_state_dict(state.model, options=_options(full))
     tensors: dict[str, Any] = {"model": model_sd}
     if not weights_only:

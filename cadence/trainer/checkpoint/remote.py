@@ -51,7 +51,8 @@ from cadence.trainer.checkpoint.errors import CheckpointError
 from cadence.trainer.checkpoint.files import MANIFEST_FILE, TMP_MARK, is_complete
 
 __all__ = ["COMPLETE_SUFFIX", "RemoteFolder", "check_url", "fetched", "get_filesystem",
-           "is_remote", "join", "local_folder", "local_path", "uploaded", "split_url", "stage_dir"]
+           "is_remote", "join", "local_folder", "local_path", "uploaded", "split_url", "stage_dir",
+           "sync_remote_logs"]
 
 log = logging.getLogger(__name__)
 
@@ -441,3 +442,25 @@ def _try_download(folder: RemoteFolder, name: str, dest: Path) -> Optional[str]:
     except (OSError, ValueError) as exc:  # network, permissions, a missing object
         return f"Cannot download checkpoint {folder.url_of(name)}: {type(exc).__name__}: {exc}"
     return None
+
+
+def sync_remote_logs(save_url: Optional[str], download: bool) -> None:
+    """With a remote save folder, on rank 0: copy its logs (``metrics.jsonl``...) into the
+    local stage at start (``download=True``), so a resumed run appends to them, or upload
+    them at the end (``download=False``). A local or no save folder: nothing.
+
+    Raises:
+        OSError: at start, when the store cannot be reached or the credentials are refused
+            (an upload failure at the end is logged as a warning instead: the checkpoints
+            are safe, only the logs' tail is missing).
+    """
+    if not is_remote(save_url) or dist.get_global_rank() != 0:
+        return
+    folder = RemoteFolder(str(save_url))
+    if download:
+        folder.download_artifacts()
+        return
+    try:
+        folder.upload_artifacts()
+    except OSError as exc:
+        log.warning("Could not upload the run's logs to %s: %s", save_url, exc)
