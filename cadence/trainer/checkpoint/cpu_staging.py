@@ -43,7 +43,7 @@ from cadence.trainer import dist
 __all__ = ["LocalShard", "copy_to_cpu", "gather_to_rank0", "rows_sharded",
            "stage_local_shards"]
 
-Path = tuple[Any, ...]  # keys from the state dict's root to a value
+KeyPath = tuple[Any, ...]  # the keys from a state dict's root to a value
 
 
 def copy_to_cpu(obj: Any, reuse: Any = None) -> Any:
@@ -135,7 +135,7 @@ def stage_local_shards(obj: Any, keep_plain: bool, reuse: Any = None) -> Any:
     return obj
 
 
-def _leaves(obj: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
+def _leaves(obj: Any, path: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:
     """``(path, value)`` of every value that is not a dict, list or tuple, in order."""
     if isinstance(obj, dict):
         for key, value in obj.items():
@@ -147,7 +147,7 @@ def _leaves(obj: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
         yield path, obj
 
 
-def _replace(obj: Any, full: dict[Path, torch.Tensor], path: Path = ()) -> Any:
+def _replace(obj: Any, full: dict[KeyPath, torch.Tensor], path: KeyPath = ()) -> Any:
     """``obj`` with the value at each path of ``full`` replaced by ``full``'s."""
     if path in full:
         return full[path]
@@ -158,7 +158,7 @@ def _replace(obj: Any, full: dict[Path, torch.Tensor], path: Path = ()) -> Any:
     return obj
 
 
-def _name(path: Path) -> str:
+def _name(path: KeyPath) -> str:
     return "/".join(str(key) for key in path)
 
 
@@ -222,7 +222,7 @@ def gather_to_rank0(staged: Any, group: Any, reuse: Any = None) -> Optional[Any]
             work.wait()
         return None
     previous = dict(_leaves(reuse)) if reuse is not None else {}
-    full: dict[Path, torch.Tensor] = {}
+    full: dict[KeyPath, torch.Tensor] = {}
     for tag, (path, shard) in enumerate(shards):
         old = previous.get(path)
         out = (old if isinstance(old, torch.Tensor) and old.shape == shard.shape
