@@ -11,15 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from cadence import Trainer
 from cadence.trainer.checkpoint import async_save
 from cadence.trainer.checkpoint.cpu_staging import _check_tiling
 from cadence.trainer.checkpoint.export import load_full_state
 from cadence.trainer.checkpoint.manifest import verify_checkpoint
 from tests.common.models import SimpleModel
-from tests.trainer.checkpoint.test_async_save import Losses, tensors
-
-RUN = "gather"
+from tests.trainer.checkpoint.test_async_save import Losses, tensors, two_rank_run
 
 
 class OddModel(SimpleModel):
@@ -36,25 +33,7 @@ class OddModel(SimpleModel):
 
 def fit(folder: Path | None, save_async: bool, load_path: str | None = None) -> Losses:
     """OddModel under FSDP2 on this process's rank, 8 batches, a ``full`` save every 2."""
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from cadence import dist
-
-    gen = torch.Generator().manual_seed(5)
-    data = TensorDataset(torch.randn(16, 8, generator=gen), torch.randint(0, 3, (16,),
-                                                                          generator=gen))
-    loader = DataLoader(data, batch_size=4 // dist.get_world_size(),
-                        sampler=dist.get_sampler(data, shuffle=True, seed=3, drop_last=True))
-    torch.manual_seed(0)
-    losses = Losses()
-    run = Trainer(model=OddModel(), train_dataloader=loader, max_duration="8ba",
-                  progress_bar=False, run_name=RUN, seed=3, callbacks=[losses],
-                  save_folder=None if folder is None else str(folder), save_interval="2ba",
-                  save_state_dict_type="full", save_async=save_async, load_path=load_path,
-                  parallelism_config={"fsdp": {"state_dict_type": "full"}})
-    run.fit()
-    run.close()
-    return losses
+    return two_rank_run(folder, "full", save_async, load_path, model=OddModel)
 
 
 @pytest.mark.world_size(2)

@@ -175,9 +175,9 @@ def test_failed_background_write_fails_the_run_naming_the_file(tmp_path: Path, f
 
 
 def two_rank_run(folder: Path | None, fmt: str, save_async: bool,
-                 load_path: str | None = None) -> Losses:
-    """SimpleModel under FSDP2 on this process's rank, 8 batches (4 per epoch), a save every
-    2 batches."""
+                 load_path: str | None = None, model: Any = SimpleModel) -> Losses:
+    """``model()`` (default SimpleModel) under FSDP2 on this process's rank, 8 batches (4 per
+    epoch), a save every 2 batches."""
     from torch.utils.data import DataLoader, TensorDataset
 
     from cadence import dist
@@ -189,7 +189,7 @@ def two_rank_run(folder: Path | None, fmt: str, save_async: bool,
                         sampler=dist.get_sampler(data, shuffle=True, seed=3, drop_last=True))
     torch.manual_seed(0)
     losses = Losses()
-    run = Trainer(model=SimpleModel(), train_dataloader=loader, max_duration="8ba",
+    run = Trainer(model=model(), train_dataloader=loader, max_duration="8ba",
                   progress_bar=False, run_name=RUN, seed=3, callbacks=[losses],
                   save_folder=None if folder is None else str(folder), save_interval="2ba",
                   save_state_dict_type=fmt, save_async=save_async, load_path=load_path,
