@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--lrs", type=float, nargs="+", default=[5e-5, 1e-4, 2e-4, 4e-4],
                         help="the learning-rate grid; with one value no grid is run")
-    parser.add_argument("--grid-seeds", type=int, nargs="*", default=[101, 102],
+    parser.add_argument("--grid-seeds", type=int, nargs="*", default=[101],
                         help="seeds of the grid runs (disjoint from --seeds)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--epochs", type=int, default=3)
