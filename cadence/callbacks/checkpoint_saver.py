@@ -283,8 +283,7 @@ class CheckpointSaver(Callback):
         if dist.get_global_rank() == 0:
             marker = remote.marker(name)
             if marker is not None and not self.overwrite and not (
-                    self._start_batch > 0 and int(state.timestamp.batch) > self._start_batch
-                    and marker.get("run_name") == state.run_name):
+                    self._past_resume_point(state) and marker.get("run_name") == state.run_name):
                 error[0] = (f"Checkpoint {remote.url_of(name)} already exists; set "
                             f"save_overwrite=True to replace it, or autoresume=True to "
                             f"continue the run that wrote it.")
@@ -338,12 +337,16 @@ class CheckpointSaver(Callback):
             suffix = "" if remote.endswith(".pt") else ".pt"
             logger.upload_file(remote + suffix, path, overwrite=self.overwrite)
 
+    def _past_resume_point(self, state: State) -> bool:
+        """This run resumed from a checkpoint and is now beyond the batch it resumed at."""
+        return 0 < self._start_batch < int(state.timestamp.batch)
+
     def _abandoned(self, state: State, path: Path) -> bool:
         """Whether the checkpoint at ``path`` is this run's own from beyond the batch it
         resumed at: written by an attempt that was killed after renaming it into place but
         before moving ``latest`` to it, so autoresume went back to the one before. The
         resumed run recomputes that step; replacing the orphan is what it is for."""
-        if self._start_batch <= 0 or int(state.timestamp.batch) <= self._start_batch:
+        if not self._past_resume_point(state):
             return False
         answer = [False]
         if dist.get_global_rank() == 0:

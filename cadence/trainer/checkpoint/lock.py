@@ -145,10 +145,16 @@ def _refusal(path: Path, holder: Optional[dict[str, Any]], how: str) -> SaveFold
         f"behind, delete {path}.")
 
 
+def holder_record(run_name: str, token: str) -> dict[str, Any]:
+    """Who holds a lock: this host, PID and process start time, the run and a token (the
+    content of a local lock file and of a remote lock object)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "pid_start": _proc_start(os.getpid()), "run_name": run_name,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": token}
+
+
 def _write_holder(fd: int, run_name: str, token: str) -> None:
-    holder = {"host": socket.gethostname(), "pid": os.getpid(),
-              "pid_start": _proc_start(os.getpid()), "run_name": run_name,
-              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": token}
+    holder = holder_record(run_name, token)
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
     os.write(fd, (json.dumps(holder) + "\n").encode("utf-8"))

@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import socket
 import time
 from pathlib import Path
@@ -48,7 +47,9 @@ import crc32c
 
 from cadence.trainer import dist
 from cadence.trainer.checkpoint.errors import CheckpointError
-from cadence.trainer.checkpoint.files import MANIFEST_FILE, TMP_MARK, is_complete
+from cadence.trainer.checkpoint.files import (
+    MANIFEST_FILE, TMP_MARK, is_complete, remove_temporary,
+)
 
 __all__ = ["COMPLETE_SUFFIX", "RemoteFolder", "check_url", "fetched", "get_filesystem",
            "is_remote", "join", "local_folder", "local_path", "uploaded", "split_url", "stage_dir",
@@ -324,7 +325,7 @@ class RemoteFolder:
             return dest
         key = self._key(name)
         tmp = dest.with_name(f"{dest.name}{TMP_MARK}download-{os.getpid()}")
-        _remove(tmp)
+        remove_temporary(tmp)
         tmp.parent.mkdir(parents=True, exist_ok=True)
         if self.fs.isdir(key):
             files = [k for k in self.fs.find(key) if k != key]
@@ -338,12 +339,12 @@ class RemoteFolder:
         if expected is not None:
             actual = f"{crc32c.crc32c((tmp / MANIFEST_FILE).read_bytes()):08x}"
             if actual != expected:
-                _remove(tmp)
+                remove_temporary(tmp)
                 raise CheckpointError(
                     f"Checkpoint file {self.url_of(name)}/{MANIFEST_FILE} is corrupt: its "
                     f"CRC32C is {actual}, its completion marker says {expected}. Load an "
                     f"earlier checkpoint.")
-        _remove(dest)
+        remove_temporary(dest)
         os.replace(tmp, dest)
         return dest
 
@@ -368,13 +369,6 @@ class RemoteFolder:
             base = key.rstrip("/").rsplit("/", 1)[-1]
             if any(Path(base).match(pattern) for pattern in _ARTIFACTS):
                 self.fs.get_file(key, str(self.stage / base))
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -406,7 +400,7 @@ def fetched(path: Union[str, Path]) -> Iterator[Path]:
     finally:
         dist.barrier()
         if dist.get_local_rank() == 0:
-            _remove(dest)
+            remove_temporary(dest)
 
 
 @contextlib.contextmanager

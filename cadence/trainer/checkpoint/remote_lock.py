@@ -36,7 +36,7 @@ import time
 from typing import Any, Optional
 
 from cadence.trainer.checkpoint.lock import (
-    LOCK_FILENAME, SaveFolderInUse, _alive, _describe, _proc_start,
+    LOCK_FILENAME, SaveFolderInUse, _alive, _describe, holder_record,
 )
 from cadence.trainer.checkpoint.remote import get_filesystem, join
 
@@ -144,10 +144,7 @@ def acquire_remote_lock(url: str, run_name: str) -> RemoteRunLock:
         earlier.release()  # a Trainer of this process that was not closed
     fs, root = get_filesystem(url)
     key = f"{root}/{LOCK_FILENAME}"
-    holder = {"host": socket.gethostname(), "pid": os.getpid(),
-              "pid_start": _proc_start(os.getpid()), "run_name": run_name,
-              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": secrets.token_hex(8),
-              "heartbeat": time.time()}
+    holder = {**holder_record(run_name, secrets.token_hex(8)), "heartbeat": time.time()}
     for _ in range(3):
         if _create(fs, key, json.dumps(holder).encode()):
             lock = _HELD[url] = RemoteRunLock(url, fs, key, holder)
