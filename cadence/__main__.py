@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from cadence.cli import main
+from cadence.cli import exit_now, main
 
 __all__: list[str] = []
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

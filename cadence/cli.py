@@ -33,11 +33,13 @@ More subcommands are added as a function ``_add_<name>(subparsers)`` each, regis
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
+import os
 import sys
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, NoReturn, Optional, Sequence
 
-__all__ = ["main", "build_parser", "torchrun_argv"]
+__all__ = ["main", "run", "exit_now", "build_parser", "torchrun_argv"]
 
 #: Exit status for a bad run config or bad arguments (argparse uses 2 for usage errors too).
 EXIT_CONFIG_ERROR = 2
@@ -367,3 +369,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_CONFIG_ERROR
     return int(args.func(args))
+
+
+def exit_now(status: int) -> NoReturn:
+    """End the ``cadence`` process with ``status``, without finalizing the interpreter when a
+    process group exists (the entry point of ``cadence`` and ``python -m cadence``).
+
+    The ``atexit`` handlers run first (they destroy the process groups, flush the logging
+    handlers and whatever a library registered), then stdout and stderr are flushed, then
+    ``os._exit(status)``. Finalizing instead could abort the process with SIGABRT after a
+    run that succeeded: gloo threads still releasing the last collective's tensors cannot
+    take the GIL once finalization has begun (see
+    :func:`cadence.trainer.dist.destroy_process_group_at_exit`), and the run's ``DeviceMesh``
+    keeps its group alive until then. Everything ``cadence train`` writes is closed by
+    ``Trainer.close()`` before this point. Without a process group, a plain ``SystemExit``.
+
+    Raises:
+        SystemExit: with ``status``, when no process group was created.
+    """
+    c10d = sys.modules.get("torch.distributed")
+    if c10d is None or not (c10d.is_available() and c10d.is_initialized()):
+        raise SystemExit(status)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken: nothing left to save
+            pass
+    os._exit(status)
+
+
+def run() -> NoReturn:
+    """The ``cadence`` console script: :func:`main`, then :func:`exit_now`."""
+    exit_now(main())

@@ -207,3 +207,63 @@ def test_survivors_name_the_rank_that_failed_and_the_one_that_is_silent() -> Non
         assert "rank 1 did not answer" in out.getvalue()
         assert rank_health.ANSWER_WAIT_S <= time.monotonic() - start < 10
     dist.barrier()
+
+
+EXIT_SCRIPT = """
+import atexit, sys
+import torch.distributed as torch_dist
+# registered first, so it runs last: after cadence's hook
+atexit.register(lambda: print("initialized at exit:", torch_dist.is_initialized(), flush=True))
+from cadence.trainer import dist
+torch_dist.init_process_group("gloo", store=torch_dist.HashStore(), rank=0, world_size=1)
+dist.destroy_process_group_at_exit()
+dist.destroy_process_group_at_exit()  # registered once
+torch_dist.barrier()
+if sys.argv[1] == "fail":
+    raise RuntimeError("the run failed")
+"""
+
+
+@pytest.mark.parametrize("ending", ["clean", "fail"])
+def test_process_group_is_destroyed_at_a_clean_exit_only(ending: str) -> None:
+    """A run that ends normally destroys its process group before Python finalizes (else a
+    gloo thread still releasing the last barrier's tensors aborts the process with SIGABRT,
+    which failed a 2-node launch in CI); after an uncaught exception the group is left
+    alone, so a collective stuck on a dead peer cannot hold the exit for ``dist_timeout``."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, ending], env=env, text=True,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == (0 if ending == "clean" else 1), proc.stderr
+    assert proc.stdout.count("initialized at exit:") == 1
+    assert f"initialized at exit: {ending == 'fail'}" in proc.stdout, proc.stdout
+
+
+EXIT_NOW_SCRIPT = """
+import atexit, sys
+import torch.distributed as torch_dist
+from cadence.cli import exit_now
+
+class Finalized:
+    def __del__(self):
+        print("finalized", flush=True)
+
+keep = Finalized()
+atexit.register(lambda: print("atexit ran", flush=True))
+if sys.argv[1] == "group":
+    torch_dist.init_process_group("gloo", store=torch_dist.HashStore(), rank=0, world_size=1)
+sys.stdout.write("buffered line\\n")  # not flushed: must still reach the pipe
+exit_now(3)
+"""
+
+
+@pytest.mark.parametrize("group", ["group", "none"])
+def test_cadence_exits_without_finalizing_once_a_process_group_exists(group: str) -> None:
+    """``cadence``'s entry point keeps its exit status, runs the atexit handlers and flushes
+    its output either way, and skips the interpreter's finalization (where a gloo thread can
+    abort the process) only when a process group was created."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", EXIT_NOW_SCRIPT, group], env=env, text=True,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "atexit ran" in proc.stdout and "buffered line" in proc.stdout, proc.stdout
+    assert ("finalized" in proc.stdout) == (group == "none"), proc.stdout

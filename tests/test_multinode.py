@@ -17,6 +17,8 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -65,21 +67,32 @@ def environment(slurm: Optional[dict[str, str]] = None) -> dict[str, str]:
 
 def run_nodes(*nodes: tuple[list[str], dict[str, str]]) -> list[str]:
     """Start one ``cadence`` process per ``(arguments, environment)`` at once, wait for all
-    (at most ``TIMEOUT_S``), fail with their output unless every one exits 0; their outputs."""
+    (at most ``TIMEOUT_S`` in all), fail with every node's output unless each exits 0; their
+    outputs. A node that fails ends the wait at once: torchrun's agent on the other node
+    would otherwise sit in its exit barrier for 300 s waiting for the failed one."""
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in nodes]
     procs = [subprocess.Popen([sys.executable, "-m", "cadence", *args], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for args, env in nodes]
-    outputs = []
+                              stdout=log, stderr=subprocess.STDOUT, text=True)
+             for (args, env), log in zip(nodes, logs)]
+    deadline = time.monotonic() + TIMEOUT_S
     try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=TIMEOUT_S)[0])
+        while (any(p.poll() is None for p in procs) and time.monotonic() < deadline
+               and not any(p.poll() for p in procs)):
+            time.sleep(0.2)
     finally:
         for proc in procs:  # a launcher's ranks die with it (PR_SET_PDEATHSIG)
             if proc.poll() is None:
                 proc.kill()
-                proc.communicate()
-    for i, (proc, out) in enumerate(zip(procs, outputs)):
-        assert proc.returncode == 0, f"node {i} exited {proc.returncode}:\n{out[-4000:]}"
+                proc.wait()
+    outputs = []
+    for log in logs:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
+    late = f" (killed after {TIMEOUT_S} s)" if time.monotonic() >= deadline else ""
+    report = late + "\n".join(f"--- node {i} exited {p.returncode}:\n{out[-3000:]}"
+                       for i, (p, out) in enumerate(zip(procs, outputs)))
+    assert all(p.returncode == 0 for p in procs), report
     return outputs
 
 

@@ -10,10 +10,12 @@ Names follow Composer's ``composer.utils.dist``; the collectives wrap ``torch.di
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import functools
 import logging
 import os
+import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
@@ -23,6 +25,7 @@ import torch.distributed as torch_dist
 __all__ = [
     "get_global_rank", "get_world_size", "get_local_rank", "get_local_world_size",
     "get_node_rank", "is_available", "is_initialized", "initialize_dist", "get_dist_timeout",
+    "destroy_process_group_at_exit",
     "barrier",
     "all_reduce", "broadcast", "broadcast_object_list", "all_gather", "all_gather_object",
     "get_sampler", "run_local_rank_zero_first", "local_rank_zero_download_and_wait",
@@ -121,6 +124,37 @@ def initialize_dist(device: str | torch.device = "cpu", timeout: float = 600.0) 
     if device_type == "cuda":
         torch.cuda.set_device(get_local_rank())
     torch_dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
+    destroy_process_group_at_exit()
+
+
+_exit_hook_registered = False
+
+
+def destroy_process_group_at_exit() -> None:
+    """Destroy every process group when the interpreter exits normally (an ``atexit`` hook,
+    registered once; cadence calls it for every group it creates).
+
+    Gloo's worker threads may still be releasing the last collective's tensors when Python
+    finalizes; such a thread can no longer take the GIL, and the process aborts
+    (``terminate called without an active exception``, SIGABRT) after a run that succeeded,
+    failing its launch (an open PyTorch bug, pytorch/pytorch#190489). Destroying the groups
+    while the interpreter is whole joins those threads, but only once nothing else holds a
+    group: a ``DeviceMesh`` (FSDP2, tensor parallel) keeps it alive until finalization, so
+    ``cadence train`` also ends without finalizing (:func:`cadence.cli.exit_now`).
+    After an uncaught exception the hook does nothing: a collective still waiting on a dead
+    or hung peer would hold the exit for up to ``dist_timeout``.
+    """
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(_destroy_at_exit)
+        _exit_hook_registered = True
+
+
+def _destroy_at_exit() -> None:
+    if getattr(sys, "last_value", None) is not None:  # an uncaught exception ends the process
+        return
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
 
 
 def get_dist_timeout() -> datetime.timedelta:

@@ -302,6 +302,17 @@ def _dcp_failure(exc: BaseException) -> str:
     return one(exc)
 
 
+def _optimizer_mismatch(path: Path, optimizer: Optional[torch.optim.Optimizer],
+                        detail: str) -> str:
+    """The message for a checkpoint whose optimizer state does not fit the run's optimizer
+    (another optimizer class, or SGD with momentum against one without)."""
+    which = f" ({type(optimizer).__name__})" if optimizer is not None else ""
+    return (f"The optimizer state in {path} does not fit this run's optimizer{which}: "
+            f"{detail[:400].rstrip('.')}. If the run's optimizer changed (e.g. AdamW to SGD), "
+            f"start from the checkpoint's weights only: load_weights_only=True, or "
+            f"load_ignore_keys=['optimizers'] to keep its schedulers and timestamp.")
+
+
 def _torch_load(path: Path, mmap: bool = False) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -452,7 +463,11 @@ def _load_full(state: State, path: Path, weights_only: bool, strict: bool,
         if not _ignored("optimizers", ignore_keys):
             for i, optimizer in enumerate(state.optimizers):
                 optim_sd = loaded["optimizers"][str(i)] if rank0 else {}
-                set_full_optimizer_state(state.model, optimizer, optim_sd, broadcast)
+                try:
+                    set_full_optimizer_state(state.model, optimizer, optim_sd, broadcast)
+                except (AssertionError, KeyError, RuntimeError, ValueError) as exc:
+                    raise CheckpointError(_optimizer_mismatch(
+                        path, optimizer, f"{type(exc).__name__}: {exc}")) from exc
         _restore_rest(state, rest, ignore_keys)
     return dict(rest["metadata"])
 
@@ -489,8 +504,10 @@ def _load_sharded(state: State, path: Path, weights_only: bool, strict: bool,
             dcp.load(template, storage_reader=reader, no_dist=not dist.is_initialized(),
                      planner=SafeLoadPlanner(allow_partial_load=not strict or bool(ignore_keys)))
     except (Exception, CheckpointException) as exc:  # a missing shard file, a missing key...
-        raise CheckpointError(f"Cannot load sharded checkpoint {path}: {_dcp_failure(exc)}"
-                              ) from exc
+        failure = _dcp_failure(exc)
+        if "Missing key in checkpoint state_dict: optimizers." in failure:
+            raise CheckpointError(_optimizer_mismatch(path, None, failure)) from exc
+        raise CheckpointError(f"Cannot load sharded checkpoint {path}: {failure}") from exc
     set_model_state_dict(state.model, template["model"],
                          options=_options(False, strict=strict and not ignore_keys))
     if not weights_only:

@@ -137,6 +137,7 @@ def _ensure_process_group(device: torch.device) -> None:
     if not dist.is_initialized():
         torch_dist.init_process_group("gloo" if device.type == "cpu" else "nccl",
                                       store=torch_dist.HashStore(), rank=0, world_size=1)
+        dist.destroy_process_group_at_exit()
 
 
 def _has_meta(model: nn.Module) -> bool:

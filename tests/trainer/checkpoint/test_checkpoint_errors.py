@@ -243,3 +243,32 @@ def test_finders_skip_temporaries_and_unfinished_directories(tmp_path: Path) -> 
     trainer = make_trainer(folder, autoresume=True)
     assert trainer.state.timestamp.batch == 1
     trainer.close()
+
+
+@pytest.mark.parametrize("fmt", ["full", "sharded"])
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_optimizer_that_changed_is_named_with_the_fix(tmp_path: Path, fmt: str,
+                                                      momentum: float) -> None:
+    """A checkpoint of the default optimizer (AdamW) loaded into a run with SGD fails with a
+    CheckpointError naming the file and the fix (not torch's bare ``AssertionError: Expected
+    device to be set`` or ``KeyError``); the fix it names then loads the weights and time."""
+    path = saved_checkpoint(tmp_path, fmt)
+
+    def sgd_trainer(**kwargs: Any) -> Trainer:
+        torch.manual_seed(0)
+        model = SimpleModel()
+        return Trainer(model=model, train_dataloader=make_dataloader(num_batches=2, batch_size=4),
+                       max_duration="2ba", progress_bar=False, load_path=str(path),
+                       optimizers=torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum),
+                       **kwargs)
+
+    with pytest.raises(CheckpointError) as err:
+        sgd_trainer()
+    message = str(err.value)
+    assert str(path) in message and "does not fit this run's optimizer" in message
+    assert "load_weights_only=True" in message and "load_ignore_keys=['optimizers']" in message
+    trainer = sgd_trainer(load_ignore_keys=["optimizers"])
+    assert trainer.state.timestamp.batch.value == 1
+    saved = make_trainer(load_path=str(path)).state.model.state_dict()
+    for name, tensor in trainer.state.model.state_dict().items():
+        assert torch.equal(tensor, saved[name]), name
