@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run-file", type=Path, default=ROOT / "yamls/finetune_child_tuning.yaml")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--lrs", type=float, nargs="+", default=[5e-5, 1e-4, 2e-4, 4e-4],
+    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-4, 2e-4, 4e-4, 8e-4, 1.6e-3],
                         help="the learning-rate grid; with one value no grid is run")
     parser.add_argument("--grid-seeds", type=int, nargs="*", default=[101],
                         help="seeds of the grid runs (disjoint from --seeds)")
