@@ -208,6 +208,9 @@ SCHEMA_ERRORS = [
                               "exactly 2 values (a float, a float)"),
     ("callbacks.speed_monitr={}", "callbacks.speed_monitr: Unknown callback 'speed_monitr'. "
                                   "Did you mean 'speed_monitor'?"),
+    ("compile_config.mdoe=default", "compile_config.mdoe: unknown key. Did you mean 'mode'? "
+                                    "Allowed: enabled, mode, fullgraph, dynamic, backend, "
+                                    "per_block."),
     ("parallelism_config.fsdp.shardin_strategy=FULL_SHARD",
      "parallelism_config.fsdp.shardin_strategy: unknown FSDP key. Did you mean "
      "'sharding_strategy'?"),

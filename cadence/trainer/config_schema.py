@@ -288,6 +288,11 @@ def _field_schema_problems(key: str, value: Any) -> list[ConfigProblem]:
         return [ConfigProblem(key, choice_message(value, ["full", "sharded", "null"]))]
     if key == "device" and value is not None and value not in _DEVICES:
         return [ConfigProblem(key, choice_message(value, [*_DEVICES, "null"]))]
+    if key == "compile_config" and value is not None:  # the backend name waits for stage 2
+        from cadence.trainer.parallel.compile_config import compile_config_problems
+
+        return [ConfigProblem(path, message) for path, message
+                in compile_config_problems(value, prefix=key, check_backend=False)]
     if key == "parallelism_config":
         from cadence.trainer.parallel.config import check_parallelism_config
 

@@ -156,13 +156,11 @@ def _field_value_problems(key: str, value: Any) -> list[ConfigProblem]:
         return [ConfigProblem(key, f"{value!r} must be a positive number of samples.")]
     if key == "eval_subset_num_batches" and value < -1:
         return [ConfigProblem(key, f"{value!r} must be -1 (all batches) or >= 0.")]
-    if key == "compile_config" and value is not None:
-        from cadence.trainer.parallel.compile import parse_compile_config
+    if key == "compile_config" and value is not None:  # stage 1 checked all but the backend
+        from cadence.trainer.parallel.compile_config import compile_config_problems
 
-        try:
-            parse_compile_config(value, prefix=key)
-        except ValueError as exc:
-            return [ConfigProblem(key, str(exc))]
+        return [ConfigProblem(path, message)
+                for path, message in compile_config_problems(value, prefix=key)]
     return []
 
 

@@ -31,134 +31,16 @@ Sources: ``torch.compile`` and ``nn.Module.compile`` (PyTorch docs); torchtitan
 
 from __future__ import annotations
 
-import difflib
-from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping, Optional, Union
 
 from torch import nn
 
+from cadence.trainer.parallel.compile_config import (
+    COMPILE_MODES, CompileConfig, parse_compile_config,
+)
+
 __all__ = ["CompileConfig", "COMPILE_MODES", "apply_compile", "compile_targets",
            "parse_compile_config", "is_compiled"]
-
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-"""``torch.compile`` modes (inductor's); any but ``default`` needs ``backend: inductor``."""
-
-_BOOL_KEYS = ("enabled", "fullgraph", "per_block")
-
-
-@dataclass
-class CompileConfig:
-    """How to compile the model. See the module docstring for the run-file form.
-
-    Attributes:
-        enabled: compile at all; default True (a ``compile`` section turns it on; set
-            ``enabled: false`` to keep the section but run eagerly).
-        mode: one of :data:`COMPILE_MODES`; default ``"default"``.
-        fullgraph: refuse graph breaks (``torch.compile(fullgraph=True)``): a block that
-            cannot be traced whole raises at its first call instead of running in pieces.
-        dynamic: ``True`` traces shapes symbolically from the start, ``False`` specialises
-            on every shape, ``None`` (default) specialises first and goes dynamic on a
-            recompile.
-        backend: a dynamo backend name; default ``"inductor"``. ``"aot_eager"`` and
-            ``"eager"`` run the same tracing without code generation (for debugging and
-            fast tests).
-        per_block: compile each transformer block (default, torchtitan's choice: small
-            graphs, one compile shared by identical blocks, and FSDP2's per-block hooks
-            fall between graphs) instead of the whole model.
-    """
-
-    enabled: bool = True
-    mode: str = "default"
-    fullgraph: bool = False
-    dynamic: Optional[bool] = None
-    backend: str = "inductor"
-    per_block: bool = True
-
-    def compile_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments for ``torch.compile`` / ``nn.Module.compile``."""
-        kwargs: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph,
-                                  "dynamic": self.dynamic}
-        if self.mode != "default":
-            kwargs["mode"] = self.mode
-        return kwargs
-
-
-def _did_you_mean(value: str, allowed: Any) -> str:
-    close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
-    return f" Did you mean {close[0]!r}?" if close else ""
-
-
-def _dynamo_backends() -> list[str]:
-    import torch._dynamo
-
-    return sorted(torch._dynamo.list_backends(exclude_tags=()))
-
-
-def parse_compile_config(
-    raw: Union[None, Mapping[str, Any], CompileConfig], prefix: str = "compile",
-) -> Optional[CompileConfig]:
-    """Validate ``raw`` into a :class:`CompileConfig` (``None`` stays ``None``: no compile).
-
-    Args:
-        raw: ``None``, a :class:`CompileConfig`, or a dict with any of the keys ``enabled``,
-            ``mode``, ``fullgraph``, ``dynamic``, ``backend``, ``per_block``.
-        prefix: the key path used in error messages.
-
-    Raises:
-        ValueError: every problem at once, each naming the key, the bad value and the
-            allowed values (with a "did you mean" for near misses): an unknown key, a
-            non-bool flag, an unknown mode or backend, or a mode other than ``default``
-            with a backend other than ``inductor``.
-    """
-    if raw is None:
-        return None
-    if isinstance(raw, CompileConfig):
-        raw = {f.name: getattr(raw, f.name) for f in fields(CompileConfig)}
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"{prefix} must be a dict like {{'enabled': True, 'per_block': True}} "
-                         f"or None, got {raw!r} ({type(raw).__name__}).")
-    names = [f.name for f in fields(CompileConfig)]
-    problems: list[str] = []
-    config = CompileConfig()
-    for key, value in raw.items():
-        where = f"{prefix}.{key}"
-        if key not in names:
-            problems.append(f"{where}: unknown key.{_did_you_mean(key, names)} "
-                            f"Allowed: {', '.join(names)}.")
-        elif key in _BOOL_KEYS:
-            if not isinstance(value, bool):
-                problems.append(f"{where}: {value!r} ({type(value).__name__}) must be true or "
-                                f"false.")
-            else:
-                setattr(config, key, value)
-        elif key == "dynamic":
-            if value is not None and not isinstance(value, bool):
-                problems.append(f"{where}: {value!r} must be true, false or null (let dynamo "
-                                f"decide).")
-            else:
-                config.dynamic = value
-        elif key == "mode":
-            text = "default" if value is None else value
-            if text not in COMPILE_MODES:
-                problems.append(f"{where}: {value!r} is not one of: "
-                                f"{', '.join(COMPILE_MODES)}.{_did_you_mean(text, COMPILE_MODES)}")
-            else:
-                config.mode = text
-        elif key == "backend":
-            backends = _dynamo_backends()
-            if not isinstance(value, str) or value not in backends:
-                problems.append(f"{where}: {value!r} is not a dynamo backend; allowed: "
-                                f"{', '.join(backends)}.{_did_you_mean(value, backends)}")
-            else:
-                config.backend = value
-    if not problems and config.mode != "default" and config.backend != "inductor":
-        problems.append(f"{prefix}.mode: {config.mode!r} is an inductor mode, but backend is "
-                        f"{config.backend!r}; use backend: inductor or mode: default.")
-    if problems:
-        raise ValueError(f"{len(problems)} problem(s) in {prefix}:\n"
-                         + "\n".join(f"  - {p}" for p in problems))
-    return config
-
 
 def _block_selector(model: nn.Module) -> Optional[Callable[[nn.Module], bool]]:
     """The model's own rule for its transformer blocks, or None if it has none."""
