@@ -211,6 +211,8 @@ SCHEMA_ERRORS = [
     ("compile_config.mdoe=default", "compile_config.mdoe: unknown key. Did you mean 'mode'? "
                                     "Allowed: enabled, mode, fullgraph, dynamic, backend, "
                                     "per_block."),
+    ("parallelism_config.tp.layer_plan={attn: colwse}",
+     "parallelism_config.tp.layer_plan.attn: 'colwse' is not a style. Did you mean 'colwise'?"),
     ("parallelism_config.fsdp.shardin_strategy=FULL_SHARD",
      "parallelism_config.fsdp.shardin_strategy: unknown FSDP key. Did you mean "
      "'sharding_strategy'?"),
@@ -246,6 +248,15 @@ def test_value_error_is_found_by_the_second_stage_before_anything_is_built() -> 
     assert "load_path: '/nonexistent/ep1.pt' does not exist" in err
     assert "torch" in modules and "cadence.models.gpt" in modules
     assert "cadence.trainer.trainer" not in modules and "cadence.trainer.build" not in modules
+
+
+def test_dotted_path_tp_style_is_imported_by_the_second_stage() -> None:
+    # the first stage cannot import a layer_plan's dotted path without torch: it passes it on
+    modules, err = run_cli(["train", "yamls/quickstart.yaml",
+                            "parallelism_config.tp.layer_plan={attn: mypkg.Nope}"], status=2)
+    assert ("parallelism_config.tp.layer_plan.attn: cannot import 'mypkg.Nope' (No module named "
+            "'mypkg')") in err
+    assert "torch" in modules and "cadence.trainer.trainer" not in modules
 
 
 def test_dotted_path_to_user_code_is_checked_by_the_second_stage() -> None:

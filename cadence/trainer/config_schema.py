@@ -296,7 +296,7 @@ def _field_schema_problems(key: str, value: Any) -> list[ConfigProblem]:
     if key == "parallelism_config":
         from cadence.trainer.parallel.config import check_parallelism_config
 
-        _, problems = check_parallelism_config(value, prefix=key)
+        _, problems = check_parallelism_config(value, prefix=key, import_paths=False)
         return [ConfigProblem(path, message) for path, message in problems]
     return []
 

@@ -161,6 +161,11 @@ def _field_value_problems(key: str, value: Any) -> list[ConfigProblem]:
 
         return [ConfigProblem(path, message)
                 for path, message in compile_config_problems(value, prefix=key)]
+    if key == "parallelism_config" and value is not None:  # stage 1 left dotted-path styles
+        from cadence.trainer.parallel.config import check_parallelism_config
+
+        _, problems = check_parallelism_config(value, prefix=key)
+        return [ConfigProblem(path, message) for path, message in problems]
     return []
 
 

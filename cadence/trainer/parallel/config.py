@@ -40,6 +40,7 @@ Sources: PyTorch FSDP2 docs (``torch.distributed.fsdp.fully_shard``), Composer's
 from __future__ import annotations
 
 import difflib
+import sys
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional, Union
 
@@ -333,7 +334,8 @@ def _parse_fsdp(raw: Mapping[str, Any], prefix: str, problems: Problems) -> FSDP
     return config
 
 
-def _parse_tp(raw: Mapping[str, Any], prefix: str, problems: Problems) -> TPConfig:
+def _parse_tp(raw: Mapping[str, Any], prefix: str, problems: Problems,
+              import_paths: bool = True) -> TPConfig:
     names = [f.name for f in fields(TPConfig)]
     config = TPConfig()
     for raw_key, value in raw.items():
@@ -361,7 +363,7 @@ def _parse_tp(raw: Mapping[str, Any], prefix: str, problems: Problems) -> TPConf
                 continue
             plan: dict[str, Any] = {}
             for pattern, style in value.items():
-                problem = _tp_style_problem(style)
+                problem = _tp_style_problem(style, import_paths)
                 if problem is not None:
                     _problem(problems, f"{where}.{pattern}", problem)
                 plan[str(pattern)] = style
@@ -379,15 +381,41 @@ def tensor_parallel_degree(raw: Union[None, Mapping[str, Any], ParallelismConfig
     return degree if isinstance(degree, int) and not isinstance(degree, bool) and degree > 0 else 1
 
 
-def _tp_style_problem(style: Any) -> Optional[str]:
-    """Why ``style`` is not a usable TP style, or None (checked before any process starts)."""
-    from cadence.trainer.parallel.tp import _style_from_string
-    from torch.distributed.tensor.parallel import ParallelStyle
+#: The tensor-parallel style names a ``layer_plan`` may use (:mod:`cadence.trainer.parallel.tp`).
+TP_STYLE_NAMES = ("colwise", "rowwise", "sequence_parallel", "fused_qkv_colwise", "replicate")
+#: torch's class names for those styles, accepted as aliases.
+TP_STYLE_ALIASES = {"ColwiseParallel": "colwise", "RowwiseParallel": "rowwise",
+                    "SequenceParallel": "sequence_parallel",
+                    "FusedQKVColwiseParallel": "fused_qkv_colwise",
+                    "ReplicateParallel": "replicate"}
 
-    if isinstance(style, ParallelStyle):
+
+def unknown_tp_style(text: str) -> str:
+    """The message for a style string that is neither a name, an alias nor a dotted path."""
+    close = difflib.get_close_matches(text, [*TP_STYLE_NAMES, *TP_STYLE_ALIASES], n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return (f"{text!r} is not a style.{hint} Allowed: {', '.join(TP_STYLE_NAMES)}, a "
+            f"ParallelStyle, or a dotted path to a ParallelStyle class.")
+
+
+def _tp_style_problem(style: Any, import_paths: bool) -> Optional[str]:
+    """Why ``style`` is not a usable TP style, or None (checked before any process starts).
+    Names and aliases are checked without torch; a dotted path is imported only with
+    ``import_paths`` (the run file's second stage), and a ``ParallelStyle`` object can only
+    exist once torch's tensor-parallel module is loaded."""
+    parallel = sys.modules.get("torch.distributed.tensor.parallel")
+    if parallel is not None and isinstance(style, parallel.ParallelStyle):
         return None
     if not isinstance(style, str):
         return f"{style!r} ({type(style).__name__}) is not a style name or a ParallelStyle."
+    if TP_STYLE_ALIASES.get(style, style) in TP_STYLE_NAMES:
+        return None
+    if "." not in style:
+        return unknown_tp_style(style)
+    if not import_paths:
+        return None
+    from cadence.trainer.parallel.tp import _style_from_string
+
     try:
         _style_from_string(style)
     except ValueError as exc:
@@ -415,9 +443,12 @@ def parse_parallelism_config(
 
 def check_parallelism_config(
     raw: Union[None, Mapping[str, Any], ParallelismConfig], prefix: str = "parallelism_config",
+    import_paths: bool = True,
 ) -> tuple[ParallelismConfig, Problems]:
     """Like :func:`parse_parallelism_config`, but returns ``(config, problems)`` where each
-    problem is ``(full key path, message)``; the config holds the valid settings only."""
+    problem is ``(full key path, message)``; the config holds the valid settings only.
+    ``import_paths=False`` (the run file's torch-free first stage) leaves a ``layer_plan``
+    style given as a dotted path unchecked."""
     if raw is None:
         return ParallelismConfig(), []
     if isinstance(raw, ParallelismConfig):
@@ -443,7 +474,7 @@ def check_parallelism_config(
             if isinstance(value, TPConfig):
                 value = {f.name: getattr(value, f.name) for f in fields(TPConfig)}
             if isinstance(value, Mapping):
-                result.tp = _parse_tp(value, f"{prefix}.tp", problems)
+                result.tp = _parse_tp(value, f"{prefix}.tp", problems, import_paths)
             else:
                 _problem(problems, f"{prefix}.tp", f"{value!r} must be a dict like "
                                                    f"{{tensor_parallel_degree: 2}}.")

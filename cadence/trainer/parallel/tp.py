@@ -61,6 +61,8 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel, parallelize_module,
 )
 
+from cadence.trainer.parallel.config import TP_STYLE_ALIASES, TP_STYLE_NAMES, unknown_tp_style
+
 __all__ = [
     "TPPlan", "TPEntry", "BLOCK_PLANS", "STYLE_NAMES", "plan_tensor_parallel", "apply_tp",
     "ReplicateParallel", "FusedQKVColwiseParallel", "Conv1DColwiseParallel",
@@ -88,11 +90,8 @@ BLOCK_PLANS: dict[str, dict[str, str]] = {
 }
 """Built-in plans, relative to each block of that class: Megatron's split of attention and MLP."""
 
-STYLE_NAMES = ("colwise", "rowwise", "sequence_parallel", "fused_qkv_colwise", "replicate")
-_STYLE_ALIASES = {"ColwiseParallel": "colwise", "RowwiseParallel": "rowwise",
-                  "SequenceParallel": "sequence_parallel",
-                  "FusedQKVColwiseParallel": "fused_qkv_colwise",
-                  "ReplicateParallel": "replicate"}
+STYLE_NAMES = TP_STYLE_NAMES
+_STYLE_ALIASES = TP_STYLE_ALIASES
 
 
 def is_shard_placement(placement: Any) -> bool:
@@ -334,12 +333,7 @@ def _style_from_string(text: str) -> Union[str, type]:
         if isinstance(target, type) and issubclass(target, ParallelStyle):
             return target
         raise ValueError(f"{text!r} is not a ParallelStyle class.")
-    import difflib
-
-    close = difflib.get_close_matches(text, [*STYLE_NAMES, *_STYLE_ALIASES], n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"{text!r} is not a style.{hint} Allowed: {', '.join(STYLE_NAMES)}, "
-                     f"a ParallelStyle, or a dotted path to a ParallelStyle class.")
+    raise ValueError(unknown_tp_style(text))
 
 
 def _style_for(spec: StyleSpec, module: nn.Module, name: str, degree: int) -> ParallelStyle:
