@@ -375,9 +375,9 @@ def exit_now(status: int) -> NoReturn:
     """End the ``cadence`` process with ``status``, without finalizing the interpreter when a
     process group exists (the entry point of ``cadence`` and ``python -m cadence``).
 
-    The ``atexit`` handlers run first (they destroy the process groups, flush the logging
-    handlers and whatever a library registered), then stdout and stderr are flushed, then
-    ``os._exit(status)``. Finalizing instead could abort the process with SIGABRT after a
+    As at a normal exit, non-daemon threads are joined and the ``atexit`` handlers run (they
+    destroy the process groups, flush the logging handlers and whatever a library
+    registered); then stdout and stderr are flushed, then ``os._exit(status)``. Finalizing instead could abort the process with SIGABRT after a
     run that succeeded: gloo threads still releasing the last collective's tensors cannot
     take the GIL once finalization has begun (see
     :func:`cadence.trainer.dist.destroy_process_group_at_exit`), and the run's ``DeviceMesh``
@@ -390,6 +390,11 @@ def exit_now(status: int) -> NoReturn:
     c10d = sys.modules.get("torch.distributed")
     if c10d is None or not (c10d.is_available() and c10d.is_initialized()):
         raise SystemExit(status)
+    import threading
+
+    for thread in threading.enumerate():  # as Python's own exit does: non-daemon threads end
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -249,6 +249,8 @@ class Finalized:
 
 keep = Finalized()
 atexit.register(lambda: print("atexit ran", flush=True))
+import threading, time
+threading.Thread(target=lambda: (time.sleep(0.5), print("thread joined", flush=True))).start()
 if sys.argv[1] == "group":
     torch_dist.init_process_group("gloo", store=torch_dist.HashStore(), rank=0, world_size=1)
 sys.stdout.write("buffered line\\n")  # not flushed: must still reach the pipe
@@ -258,12 +260,13 @@ exit_now(3)
 
 @pytest.mark.parametrize("group", ["group", "none"])
 def test_cadence_exits_without_finalizing_once_a_process_group_exists(group: str) -> None:
-    """``cadence``'s entry point keeps its exit status, runs the atexit handlers and flushes
-    its output either way, and skips the interpreter's finalization (where a gloo thread can
+    """``cadence``'s entry point keeps its exit status, joins non-daemon threads, runs the
+    atexit handlers and flushes its output either way, and skips the interpreter's finalization (where a gloo thread can
     abort the process) only when a process group was created."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", EXIT_NOW_SCRIPT, group], env=env, text=True,
                           capture_output=True, timeout=120)
     assert proc.returncode == 3, proc.stderr
     assert "atexit ran" in proc.stdout and "buffered line" in proc.stdout, proc.stdout
+    assert proc.stdout.index("thread joined") < proc.stdout.index("atexit ran")
     assert ("finalized" in proc.stdout) == (group == "none"), proc.stdout
