@@ -66,7 +66,7 @@ from cadence.trainer.checkpoint.cpu_staging import (
     copy_to_cpu, gather_to_rank0, rows_sharded, stage_local_shards,
 )
 from cadence.trainer.checkpoint.errors import CheckpointWriteError
-from cadence.trainer.checkpoint.files import remove_temporary, temporary_path
+from cadence.trainer.checkpoint.files import remove_checkpoint, temporary_path
 from cadence.trainer.checkpoint.manifest import HashingFileSystemWriter
 from cadence.trainer.checkpoint.writing import (  # _os_error: same package
     _os_error, save_failure_message, write_extra_and_manifest, write_full_file,
@@ -348,7 +348,7 @@ def _agree(failure: Optional[BaseException], tmp: Path, path: Path, group: Any) 
     if not failed:
         return
     if dist.get_global_rank() == 0:
-        remove_temporary(tmp)
+        remove_checkpoint(tmp)
     _barrier(group)
     rank, message = ((dist.get_global_rank(), mine) if mine is not None else failed[0])
     error = CheckpointWriteError(f"The asynchronous save of checkpoint {path} failed on rank "

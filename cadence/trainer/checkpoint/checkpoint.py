@@ -60,7 +60,7 @@ from cadence.trainer import dist
 from cadence.trainer.checkpoint.data_position import load_data_position, save_data_position
 from cadence.trainer.checkpoint.errors import CheckpointError
 from cadence.trainer.checkpoint.files import (
-    EXTRA_FILE, METADATA_FILE, TMP_MARK, is_complete, remove_temporary, temporary_path,
+    EXTRA_FILE, METADATA_FILE, TMP_MARK, is_complete, remove_checkpoint, temporary_path,
 )
 from cadence.trainer.checkpoint.manifest import verify_checkpoint
 from cadence.trainer.checkpoint.optim_state import set_full_optimizer_state
@@ -263,7 +263,7 @@ def _write_temporary(tensors: dict[str, Any], extra: dict[str, Any], path: Path,
         failure = exc
     except BaseException:  # interrupted: no collective, just do not leave the temporary
         if dist.get_global_rank() == 0:
-            remove_temporary(tmp)
+            remove_checkpoint(tmp)
         raise
     raise_if_save_failed(failure, tmp, path)
 

@@ -25,7 +25,7 @@ from cadence.trainer.checkpoint.checkpoint import (
     verify,
 )
 from cadence.trainer.checkpoint.files import (
-    EXTRA_FILE, is_complete, remove_temporary, temporary_path,
+    EXTRA_FILE, is_complete, remove_checkpoint, temporary_path,
 )
 from cadence.trainer.checkpoint.safe_unpickle import SafeFileSystemReader
 from cadence.trainer.checkpoint.writing import write_full_file
@@ -121,7 +121,7 @@ def to_full(checkpoint: Path, out: Path) -> Path:
         write_full_file(state, out, tmp, run_name="convert")
         os.replace(tmp, out)
     except BaseException:
-        remove_temporary(tmp)
+        remove_checkpoint(tmp)
         raise
     return out
 

@@ -30,7 +30,6 @@ __all__ = [
     "atomic_write_bytes", "manifest_path", "run_tag",
     "temporary_path", "write_latest", "read_latest", "checkpoint_candidates",
     "find_latest_checkpoint", "remove_checkpoint", "remove_stale_temporaries",
-    "remove_temporary",
 ]
 
 TMP_MARK = ".tmp-"  # in the name of anything still being written
@@ -191,15 +190,8 @@ def find_latest_checkpoint(folder: Path, latest_filename: str,
 
 
 def remove_checkpoint(path: Path) -> None:
-    """Delete a checkpoint file or directory (missing is fine)."""
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def remove_temporary(path: Path) -> None:
-    """Delete a temporary file or directory (missing is fine)."""
+    """Delete a checkpoint or a temporary, file or directory (missing is fine). A symlink is
+    removed itself, never followed: the checkpoint it points to stays."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
@@ -222,6 +214,6 @@ def remove_stale_temporaries(folder: Path, run_name: str, latest_filename: str) 
     removed = []
     for path in folder.iterdir():
         if own in path.name or path.name.startswith(latest_filename + TMP_MARK):
-            remove_temporary(path)
+            remove_checkpoint(path)
             removed.append(path)
     return sorted(removed)

@@ -48,7 +48,7 @@ import crc32c
 from cadence.trainer import dist
 from cadence.trainer.checkpoint.errors import CheckpointError
 from cadence.trainer.checkpoint.files import (
-    MANIFEST_FILE, TMP_MARK, is_complete, remove_temporary,
+    MANIFEST_FILE, TMP_MARK, is_complete, remove_checkpoint,
 )
 
 __all__ = ["COMPLETE_SUFFIX", "RemoteFolder", "check_url", "fetched", "get_filesystem",
@@ -325,7 +325,7 @@ class RemoteFolder:
             return dest
         key = self._key(name)
         tmp = dest.with_name(f"{dest.name}{TMP_MARK}download-{os.getpid()}")
-        remove_temporary(tmp)
+        remove_checkpoint(tmp)
         tmp.parent.mkdir(parents=True, exist_ok=True)
         if self.fs.isdir(key):
             files = [k for k in self.fs.find(key) if k != key]
@@ -339,12 +339,12 @@ class RemoteFolder:
         if expected is not None:
             actual = f"{crc32c.crc32c((tmp / MANIFEST_FILE).read_bytes()):08x}"
             if actual != expected:
-                remove_temporary(tmp)
+                remove_checkpoint(tmp)
                 raise CheckpointError(
                     f"Checkpoint file {self.url_of(name)}/{MANIFEST_FILE} is corrupt: its "
                     f"CRC32C is {actual}, its completion marker says {expected}. Load an "
                     f"earlier checkpoint.")
-        remove_temporary(dest)
+        remove_checkpoint(dest)
         os.replace(tmp, dest)
         return dest
 
@@ -400,7 +400,7 @@ def fetched(path: Union[str, Path]) -> Iterator[Path]:
     finally:
         dist.barrier()
         if dist.get_local_rank() == 0:
-            remove_temporary(dest)
+            remove_checkpoint(dest)
 
 
 @contextlib.contextmanager

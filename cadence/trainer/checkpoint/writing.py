@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from cadence.trainer import dist
 from cadence.trainer.checkpoint.errors import CheckpointWriteError
 from cadence.trainer.checkpoint.files import (
-    EXTRA_FILE, MANIFEST_FILE, is_complete, remove_temporary,
+    EXTRA_FILE, MANIFEST_FILE, is_complete, remove_checkpoint,
 )
 from cadence.trainer.checkpoint.manifest import (
     Digest, HashingFile, HashingFileSystemWriter, embed_checksum, write_manifest,
@@ -170,7 +170,7 @@ def raise_if_save_failed(failure: Optional[BaseException], tmp: Path, path: Path
     if not failed:
         return
     if dist.get_global_rank() == 0:
-        remove_temporary(tmp)
+        remove_checkpoint(tmp)
     dist.barrier()  # the temporary is gone before any rank reports
     if failure is not None:
         os_error = _os_error(failure)

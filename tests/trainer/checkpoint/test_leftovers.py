@@ -173,3 +173,24 @@ def test_no_space_left_on_one_rank_fails_every_rank(tmp_path: Path,
     dist.barrier()
     assert temporaries(folder) == []
     assert not (folder / "ep0-ba1").exists()
+
+
+def test_remove_checkpoint_unlinks_a_symlink_and_keeps_its_target(tmp_path: Path) -> None:
+    """Rotation and cleanup delete a checkpoint directory or file; a checkpoint that is a
+    symlink (moved to another disk and linked back) loses the link, never what it points
+    to (``shutil.rmtree`` on the link failed, and the error was ignored: nothing went)."""
+    from cadence.trainer.checkpoint.files import remove_checkpoint
+
+    target = tmp_path / "elsewhere" / "ep0-ba1"
+    target.mkdir(parents=True)
+    (target / "__0_0.distcp").write_bytes(b"shard")
+    link = tmp_path / "run" / "ep0-ba1"
+    link.parent.mkdir()
+    link.symlink_to(target, target_is_directory=True)
+    remove_checkpoint(link)
+    assert not os.path.lexists(link) and (target / "__0_0.distcp").read_bytes() == b"shard"
+    full = tmp_path / "run" / "ep0-ba2.pt"
+    full.write_bytes(b"x")
+    for path in (target, full, tmp_path / "run" / "missing"):
+        remove_checkpoint(path)
+        assert not os.path.lexists(path)
