@@ -377,9 +377,10 @@ def exit_now(status: int) -> NoReturn:
 
     As at a normal exit, non-daemon threads are joined and the ``atexit`` handlers run (they
     destroy the process groups, flush the logging handlers and whatever a library
-    registered); then stdout and stderr are flushed, then ``os._exit(status)``. Finalizing instead could abort the process with SIGABRT after a
-    run that succeeded: gloo threads still releasing the last collective's tensors cannot
-    take the GIL once finalization has begun (see
+    registered); then stdout and stderr are flushed, then ``os._exit(status)``. Finalizing
+    instead could abort the process with SIGABRT after a run that succeeded: gloo threads
+    still releasing the last collective's tensors cannot take the GIL once finalization has
+    begun (see
     :func:`cadence.trainer.dist.destroy_process_group_at_exit`), and the run's ``DeviceMesh``
     keeps its group alive until then. Everything ``cadence train`` writes is closed by
     ``Trainer.close()`` before this point. Without a process group, a plain ``SystemExit``.
