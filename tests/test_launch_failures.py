@@ -261,8 +261,9 @@ exit_now(3)
 @pytest.mark.parametrize("group", ["group", "none"])
 def test_cadence_exits_without_finalizing_once_a_process_group_exists(group: str) -> None:
     """``cadence``'s entry point keeps its exit status, joins non-daemon threads, runs the
-    atexit handlers and flushes its output either way, and skips the interpreter's finalization (where a gloo thread can
-    abort the process) only when a process group was created."""
+    atexit handlers and flushes its output either way, and skips the interpreter's
+    finalization (where a gloo thread can abort the process) only when a process group was
+    created."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", EXIT_NOW_SCRIPT, group], env=env, text=True,
                           capture_output=True, timeout=120)
