@@ -44,6 +44,8 @@ import sys
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional, Union
 
+from cadence.trainer.config_errors import did_you_mean
+
 __all__ = [
     "FSDPConfig", "TPConfig", "ParallelismConfig", "ShardingStrategy", "parse_parallelism_config",
     "check_parallelism_config", "tensor_parallel_degree",
@@ -249,9 +251,8 @@ def _parse_mixed_precision(problems: Problems, key: str, value: Any) -> Any:
             parsed[sub] = None if sub_value is None else _choice(
                 problems, sub_key, sub_value, _DTYPE_NAMES, _DTYPE_ALIASES)
         else:
-            close = difflib.get_close_matches(sub, allowed, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            _problem(problems, sub_key, f"unknown key.{hint} Allowed: {', '.join(allowed)}.")
+            _problem(problems, sub_key, f"unknown key.{did_you_mean(sub, allowed)} Allowed: "
+                                        f"{', '.join(allowed)}.")
     return parsed
 
 
@@ -274,9 +275,8 @@ def _parse_fsdp(raw: Mapping[str, Any], prefix: str, problems: Problems) -> FSDP
             continue
         if key not in names:
             candidates = sorted(names | set(_ALIASES) | set(REFUSED_KEYS))
-            close = difflib.get_close_matches(key, candidates, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            _problem(problems, where, f"unknown FSDP key.{hint} Allowed: {', '.join(sorted(names))}.")
+            _problem(problems, where, f"unknown FSDP key.{did_you_mean(key, candidates)} "
+                                      f"Allowed: {', '.join(sorted(names))}.")
             continue
         values[key] = (where, value)
 
@@ -343,9 +343,8 @@ def _parse_tp(raw: Mapping[str, Any], prefix: str, problems: Problems,
         if key in _TP_REFUSED_KEYS:
             _problem(problems, where, f"not supported: {_TP_REFUSED_KEYS[key]}")
         elif key not in names:
-            close = difflib.get_close_matches(key, names, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            _problem(problems, where, f"unknown TP key.{hint} Allowed: {', '.join(names)}.")
+            _problem(problems, where, f"unknown TP key.{did_you_mean(key, names)} Allowed: "
+                                      f"{', '.join(names)}.")
         elif key == "tensor_parallel_degree":
             degree = _typed(problems, where, value, int)
             if isinstance(degree, int) and degree < 1:
@@ -392,8 +391,7 @@ TP_STYLE_ALIASES = {"ColwiseParallel": "colwise", "RowwiseParallel": "rowwise",
 
 def unknown_tp_style(text: str) -> str:
     """The message for a style string that is neither a name, an alias nor a dotted path."""
-    close = difflib.get_close_matches(text, [*TP_STYLE_NAMES, *TP_STYLE_ALIASES], n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    hint = did_you_mean(text, [*TP_STYLE_NAMES, *TP_STYLE_ALIASES])
     return (f"{text!r} is not a style.{hint} Allowed: {', '.join(TP_STYLE_NAMES)}, a "
             f"ParallelStyle, or a dotted path to a ParallelStyle class.")
 
@@ -482,7 +480,7 @@ def check_parallelism_config(
             _problem(problems, f"{prefix}.{key}", "not supported: cadence runs data parallelism "
                                                   "(fsdp) and tensor parallelism (tp).")
         else:
-            close = difflib.get_close_matches(str(key), ["fsdp", "tp"], n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            _problem(problems, f"{prefix}.{key}", f"unknown key.{hint} Allowed: fsdp, tp.")
+            _problem(problems, f"{prefix}.{key}", f"unknown key."
+                                                  f"{did_you_mean(str(key), ['fsdp', 'tp'])} "
+                                                  f"Allowed: fsdp, tp.")
     return result, problems
