@@ -4,7 +4,7 @@ and resume time at the start vs the end of a long epoch.
 Save / load: a GPT-2 of about 100 M parameters (default 12 layers x 768 wide, vocabulary
 8,192, 256 positions: 92 M) trained one step with AdamW, so a checkpoint holds the
 parameters and twice as much optimizer state (``exp_avg``, ``exp_avg_sq``), fp32. Timed
-with :func:`cadence.trainer.checkpoint.save_checkpoint` / ``load_checkpoint`` (what the
+with :func:`cadence.checkpoint.save_checkpoint` / ``load_checkpoint`` (what the
 ``CheckpointSaver`` and ``load_path`` call), every rank in step (barrier before and after),
 median over ``--repeats``. Two ranks are FSDP2 FULL_SHARD processes started with
 ``torch.multiprocessing`` (spawn), as ``benchmarks/fsdp_memory.py`` does. ``full`` gathers the
@@ -38,7 +38,7 @@ median of ``--repeats``; the ratio is of the same run::
 
 Asynchronous saves (``save_async``): the seconds the training loop is blocked per save, the
 synchronous save's time vs the time an asynchronous save takes to stage the state to CPU
-memory (:class:`cadence.trainer.checkpoint.async_save.AsyncCheckpointer`); the target is
+memory (:class:`cadence.checkpoint.async_save.AsyncCheckpointer`); the target is
 async at most 20 % of sync.
 """
 
@@ -102,8 +102,8 @@ def _trained_state(args: argparse.Namespace) -> Any:
 
 def _measure_save_load(args: argparse.Namespace, folder: str) -> list[dict[str, Any]]:
     from cadence import dist
-    from cadence.trainer.checkpoint import load_checkpoint, manifest, save_checkpoint
-    from cadence.trainer.checkpoint.checkpoint import verify
+    from cadence.checkpoint import load_checkpoint, manifest, save_checkpoint
+    from cadence.checkpoint.checkpoint import verify
 
     state, num_params = _trained_state(args)
     rank0 = dist.get_global_rank() == 0
@@ -160,7 +160,7 @@ def _measure_async(state: Any, fmt: str, folder: Path, repeats: int) -> dict[str
     warm-up, median over ``repeats``. The loop is idle while the writer works here; in a real
     run the two share the CPU."""
     from cadence import dist
-    from cadence.trainer.checkpoint.async_save import AsyncCheckpointer
+    from cadence.checkpoint.async_save import AsyncCheckpointer
 
     writer = AsyncCheckpointer()
     blocked, written = [], []
@@ -233,11 +233,11 @@ def _moto_server() -> Any:
 def remote_vs_local(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Save / load seconds, one process, through what a run does: ``CheckpointSaver.save``
     (write, then for S3 upload, completion marker, pointer) and ``load_checkpoint`` (for S3
-    after downloading, :func:`~cadence.trainer.checkpoint.remote.fetched`); a local folder vs
+    after downloading, :func:`~cadence.checkpoint.remote.fetched`); a local folder vs
     the local moto S3 server, alternating, median of ``--repeats`` after one warm-up."""
     from cadence.callbacks.checkpoint_saver import CheckpointSaver
-    from cadence.trainer.checkpoint import load_checkpoint
-    from cadence.trainer.checkpoint.remote import fetched
+    from cadence.checkpoint import load_checkpoint
+    from cadence.checkpoint.remote import fetched
 
     server, bucket = _moto_server()
     rows = []
@@ -329,9 +329,9 @@ def _resume_parts(samples: int, batch_size: int) -> tuple[Any, Any]:
 
 
 def resume(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from cadence.trainer.checkpoint import save_checkpoint
-    from cadence.trainer.checkpoint.files import write_latest
-    from cadence.trainer.core.time import Timestamp
+    from cadence.checkpoint import save_checkpoint
+    from cadence.checkpoint.files import write_latest
+    from cadence.core.time import Timestamp
 
     samples, batch_size = args.resume_samples, 8
     batches = samples // batch_size

@@ -84,7 +84,7 @@ def run_config(args: argparse.Namespace, method: str, lr: float, seed: int) -> d
 
 def held_out_batches(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     """The test and dev tweets, tokenized once: ``{"test": [...], "dev": [...]}`` of batches."""
-    from cadence.trainer.data.sentiment import tweet_sentiment_dataloader
+    from cadence.data.sentiment import tweet_sentiment_dataloader
 
     held_out = args.num_test + args.num_dev
     loader = tweet_sentiment_dataloader(split="val", batch_size=256, max_length=args.max_length,
@@ -133,8 +133,8 @@ def run_one(args: argparse.Namespace, method: str, lr: float, seed: int,
             if record["key"] == key:
                 print(f"{method:>7} lr {lr:g} seed {seed}: cached", flush=True)
                 return record["result"]
-    from cadence.trainer.build import build_trainer
-    from cadence.trainer.config import load_config
+    from cadence.config.build import build_trainer
+    from cadence.config.load import load_config
 
     cfg = load_config(run_config(args, method, lr, seed))
     start = time.perf_counter()

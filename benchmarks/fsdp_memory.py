@@ -42,7 +42,7 @@ def _measure(strategy: str, args: argparse.Namespace) -> dict[str, int]:
 
     from cadence import Trainer, dist
     from cadence.models.gpt import gpt2
-    from cadence.trainer.parallel.memory import local_state_bytes
+    from cadence.parallel.memory import local_state_bytes
 
     torch.manual_seed(0)
     model = gpt2(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,

@@ -7,7 +7,7 @@ own fresh process (clean peak-memory figures and dynamo caches):
 
 ``eager``          the model as built.
 ``compile``        per-block ``torch.compile``
-                   (:func:`cadence.trainer.parallel.compile.apply_compile` with
+                   (:func:`cadence.parallel.compile.apply_compile` with
                    ``per_block: true``, inductor, mode ``default``).
 ``fsdp``           FSDP2 on a world of one (``parallelism_config={"fsdp": {}}``:
                    FULL_SHARD, mixed precision DEFAULT, one unit per block + the root).
@@ -94,7 +94,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
 
     from cadence import Callback, Trainer
     from cadence.models.gpt import gpt2
-    from cadence.trainer.parallel.compile import apply_compile
+    from cadence.parallel.compile import apply_compile
 
     config = args.config
     device = torch.device(args.device)

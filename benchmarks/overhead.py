@@ -250,7 +250,7 @@ class TrainerArm:
 
         from cadence import Trainer
         from cadence.callbacks import LRMonitor, SpeedMonitor
-        from cadence.trainer.loggers import ConsoleLogger, FileLogger
+        from cadence.loggers import ConsoleLogger, FileLogger
 
         self.name = name
         self._devnull = open(os.devnull, "w")  # noqa: SIM115 - closed in close()

@@ -6,7 +6,9 @@ the distributed helpers.
 
 Every name is imported on first use (``cadence.Trainer``, ``from cadence import Trainer``), so
 ``import cadence`` imports neither torch nor transformers and ``cadence --help`` answers at
-once (see :mod:`cadence._lazy`).
+once (see :mod:`cadence._lazy`). Every subpackage is reachable as an attribute the same way
+(``import cadence; cadence.optim.DecoupledAdamW``), as in Composer. The layout is described
+in ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -16,35 +18,49 @@ from typing import TYPE_CHECKING
 from cadence._lazy import lazy_exports
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each is imported on first use
-    from cadence import dist
-    from cadence.models.base import ComposerModel
-    from cadence.trainer.core import (
-        Algorithm, Callback, Engine, Evaluator, Event, State, Time, Timestamp, TimeUnit,
+    from cadence import (
+        algorithms, callbacks, checkpoint, config, core, data, devices, dist, launch, loggers,
+        loss, metrics, models, optim, parallel, trainer, utils,
     )
-    from cadence.trainer.loggers.logger import Logger, LoggerDestination
+    from cadence.core.algorithm import Algorithm
+    from cadence.core.callback import Callback
+    from cadence.core.engine import Engine
+    from cadence.core.evaluator import Evaluator
+    from cadence.core.event import Event
+    from cadence.core.state import State
+    from cadence.core.time import Time, Timestamp, TimeUnit
+    from cadence.loggers.logger import Logger
+    from cadence.loggers.logger_destination import LoggerDestination
+    from cadence.models.base import ComposerModel
     from cadence.trainer.trainer import Trainer
 
-__version__ = "0.1.0"
+from cadence._version import __version__
+
+#: Subpackages, imported on first attribute access (``cadence.optim``).
+SUBPACKAGES = (
+    "algorithms", "callbacks", "checkpoint", "config", "core", "data", "devices", "dist",
+    "launch", "loggers", "loss", "metrics", "models", "optim", "parallel", "trainer", "utils",
+)
 
 __all__ = [
     "Algorithm", "Callback", "ComposerModel", "Engine", "Evaluator", "Event", "Logger",
-    "LoggerDestination", "State", "Time", "TimeUnit", "Timestamp", "Trainer", "dist",
-    "__version__",
+    "LoggerDestination", "State", "Time", "TimeUnit", "Timestamp", "Trainer", "__version__",
+    *SUBPACKAGES,
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "Algorithm": "cadence.trainer.core.algorithm",
-    "Callback": "cadence.trainer.core.callback",
+    "Algorithm": "cadence.core.algorithm",
+    "Callback": "cadence.core.callback",
     "ComposerModel": "cadence.models.base",
-    "Engine": "cadence.trainer.core.engine",
-    "Evaluator": "cadence.trainer.core.state",
-    "Event": "cadence.trainer.core.event",
-    "Logger": "cadence.trainer.loggers.logger",
-    "LoggerDestination": "cadence.trainer.loggers.logger",
-    "State": "cadence.trainer.core.state",
-    "Time": "cadence.trainer.core.time",
-    "TimeUnit": "cadence.trainer.core.time",
-    "Timestamp": "cadence.trainer.core.time",
+    "Engine": "cadence.core.engine",
+    "Evaluator": "cadence.core.evaluator",
+    "Event": "cadence.core.event",
+    "Logger": "cadence.loggers.logger",
+    "LoggerDestination": "cadence.loggers.logger_destination",
+    "State": "cadence.core.state",
+    "Time": "cadence.core.time",
+    "TimeUnit": "cadence.core.time",
+    "Timestamp": "cadence.core.time",
     "Trainer": "cadence.trainer.trainer",
-    "dist": "cadence.dist",
+    **{name: f"cadence.{name}" for name in SUBPACKAGES},
 })

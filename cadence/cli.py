@@ -9,8 +9,8 @@
     cadence plot RUN_DIR [RUN_DIR ...] [--metrics a,b] [-o plot.png]   # compare runs' metrics
 
 ``train`` loads the run file, applies the ``key=value`` overrides (dotted keys, YAML values,
-as in OmegaConf's dotlist), checks everything (see :func:`~cadence.trainer.config.load_config`),
-builds the Trainer (:func:`~cadence.trainer.build.build_trainer`) and calls ``fit()`` then
+as in OmegaConf's dotlist), checks everything (see :func:`~cadence.config.load.load_config`),
+builds the Trainer (:func:`~cadence.config.build.build_trainer`) and calls ``fit()`` then
 ``close()``. A bad config prints every problem to stderr and exits with status 2, before
 any model or data is built; a schema problem (a typo in a key, a name or an argument, a
 wrong type) before torch is even imported.
@@ -20,11 +20,11 @@ wrong type) before torch is even imported.
 port itself; several nodes pass ``--nnodes``, ``--node_rank``, ``--master_addr`` and
 ``--master_port`` (or ``--rdzv_backend c10d --rdzv_endpoint HOST:PORT``) as torchrun takes
 them; under SLURM what is not given comes from the job (:func:`torchrun_argv`,
-:mod:`cadence.trainer.slurm`). When a rank fails, torchrun stops the others and
+:mod:`cadence.launch.slurm`). When a rank fails, torchrun stops the others and
 prints the failing rank's traceback; the exit status is then 1. A rank killed by a signal is
 named with its signal first; a rank that stops answering fails every collective after
 ``dist_timeout`` seconds, and the surviving ranks name it. The ranks die with the launch:
-``SIGKILL`` on ``cadence launch`` kills them too (:mod:`cadence.trainer.rank_health`).
+``SIGKILL`` on ``cadence launch`` kills them too (:mod:`cadence.launch.rank_health`).
 
 More subcommands are added as a function ``_add_<name>(subparsers)`` each, registered in
 :func:`build_parser`.
@@ -126,7 +126,7 @@ def torchrun_argv(args: argparse.Namespace, environ: Mapping[str, str]) -> list[
     """The torchrun command line for ``cadence launch`` arguments ``args``.
 
     What ``args`` leaves unset (``None``) comes from SLURM when ``environ`` describes a
-    SLURM task (:func:`cadence.trainer.slurm.slurm_nodes`): the node count, this node's rank,
+    SLURM task (:func:`cadence.launch.slurm.slurm_nodes`): the node count, this node's rank,
     the rank-0 address (the node list's first host) and port (``15000 + SLURM_JOB_ID %
     10000``), and the c10d rendezvous id (``SLURM_JOB_ID``). Otherwise one node on
     ``127.0.0.1`` and a free port. ``--rdzv_backend c10d`` uses ``--rdzv_endpoint`` (default
@@ -145,7 +145,7 @@ def torchrun_argv(args: argparse.Namespace, environ: Mapping[str, str]) -> list[
             endpoint, a static-only option with c10d (or the reverse), or a SLURM variable
             that cannot be read; the message names the option and the fix.
     """
-    from cadence.trainer.slurm import slurm_nodes
+    from cadence.launch.slurm import slurm_nodes
 
     slurm = slurm_nodes(environ)
     nnodes = args.nnodes if args.nnodes is not None else slurm.nnodes if slurm else 1
@@ -195,7 +195,7 @@ def torchrun_argv(args: argparse.Namespace, environ: Mapping[str, str]) -> list[
 def _launch(args: argparse.Namespace) -> int:
     import os
 
-    from cadence.trainer.config import ConfigError, load_config
+    from cadence.config.load import ConfigError, load_config
 
     try:
         argv = torchrun_argv(args, os.environ)
@@ -212,12 +212,12 @@ def _launch(args: argparse.Namespace) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    from cadence.trainer.rank_health import LAUNCHER_PID_ENV, RankWatcher
+    from cadence.launch.rank_health import LAUNCHER_PID_ENV, RankWatcher
 
     torchrun_args = get_args_parser().parse_args(argv)
     if nnodes > 1:  # every node prints how it meets the others: a mismatch shows at once
         print(f"cadence launch: torchrun {' '.join(argv[:argv.index('-m')])}", file=sys.stderr)
-    # Workers tie their life to this process (see cadence.trainer.rank_health); the watcher
+    # Workers tie their life to this process (see cadence.launch.rank_health); the watcher
     # names a rank killed by a signal, and kills a stopped rank once the job has failed.
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     watcher = RankWatcher()
@@ -284,9 +284,9 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from cadence.trainer.checkpoint.checkpoint import CheckpointError
-    from cadence.trainer.checkpoint.export import to_full, to_huggingface
-    from cadence.trainer.checkpoint.remote import fetched, uploaded
+    from cadence.checkpoint.checkpoint import CheckpointError
+    from cadence.checkpoint.export import to_full, to_huggingface
+    from cadence.checkpoint.remote import fetched, uploaded
 
     try:  # either may be a URL (s3://...): downloaded / written locally, then uploaded
         with fetched(args.checkpoint) as checkpoint, uploaded(args.out) as target:
@@ -303,15 +303,15 @@ def _convert(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     # Imported when a run starts, not when the parser is built; the Trainer's modules only
     # once the run file's schema has passed (a typo is reported before torch is imported).
-    from cadence.trainer.config import ConfigError, load_config
+    from cadence.config.load import ConfigError, load_config
 
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:
         print(f"cadence train: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    from cadence.trainer.build import build_trainer
-    from cadence.trainer.checkpoint.lock import SaveFolderInUse
+    from cadence.config.build import build_trainer
+    from cadence.checkpoint.lock import SaveFolderInUse
 
     try:
         trainer = build_trainer(cfg)
@@ -326,7 +326,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         trainer.fit()
     except Exception as exc:
-        from cadence.trainer.rank_health import report_collective_failure
+        from cadence.launch.rank_health import report_collective_failure
 
         report_collective_failure(exc, cfg.dist_timeout)  # names the ranks that went silent
         raise
@@ -344,7 +344,7 @@ def _train_recorded(args: argparse.Namespace) -> int:
         return _train(args)
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from cadence.trainer.rank_health import die_with_launcher
+    from cadence.launch.rank_health import die_with_launcher
 
     die_with_launcher()  # torchrun starts ranks in their own session: tie them to it
 
@@ -381,7 +381,7 @@ def exit_now(status: int) -> NoReturn:
     instead could abort the process with SIGABRT after a run that succeeded: gloo threads
     still releasing the last collective's tensors cannot take the GIL once finalization has
     begun (see
-    :func:`cadence.trainer.dist.destroy_process_group_at_exit`), and the run's ``DeviceMesh``
+    :func:`cadence.utils.dist.destroy_process_group_at_exit`), and the run's ``DeviceMesh``
     keeps its group alive until then. Everything ``cadence train`` writes is closed by
     ``Trainer.close()`` before this point. Without a process group, a plain ``SystemExit``.
 

@@ -1,6 +1,6 @@
 """Plot the metrics of one or several runs from their ``metrics.jsonl`` (``cadence plot``).
 
-The :class:`~cadence.trainer.loggers.FileLogger` writes one JSON object per ``log_metrics``
+The :class:`~cadence.loggers.FileLogger` writes one JSON object per ``log_metrics``
 call (``{"step": 12, "loss/train/total": 5.1, ...}``); this module reads those files and
 draws each chosen metric against the optimizer step, one panel per metric, one line per
 run, so runs can be compared without a tracking server. Needs ``matplotlib``

@@ -33,7 +33,7 @@ import pytest  # noqa: E402
 @pytest.fixture(autouse=True)
 def _no_process_group_left_behind():  # type: ignore[no-untyped-def]
     """Each test starts without a process group: a single-process FSDP2/TP run creates a
-    private one-rank group (see ``cadence.trainer.parallel.plan``), which would otherwise make
+    private one-rank group (see ``cadence.parallel.plan``), which would otherwise make
     later tests in this process see world size 1 whatever ``WORLD_SIZE`` says."""
     yield
     import sys

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cadence import cli
-from cadence.trainer import registry
+from cadence.config import registry
 
 
 def tiny_model(width: int = 2) -> Any:

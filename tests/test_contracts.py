@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cadence import Trainer
-from cadence.trainer.registry import algorithms, callbacks, loggers
+from cadence.config.registry import algorithms, callbacks, loggers
 from tests.common.models import SimpleModel, make_dataloader
 
 # Constructor arguments for components that need some; everything else uses its defaults.

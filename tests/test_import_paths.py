@@ -1,65 +1,175 @@
-"""Composer's public import paths resolve in cadence (a port is ``s/composer/cadence/``), and
-each name is the one object that lives in its own module."""
+"""Composer's import paths are cadence's real modules (a port is ``s/composer/cadence/``):
+each path below is the module that *defines* the names listed under it, every package is
+reachable from ``import cadence`` as an attribute, and no alias module or ``sys.modules``
+patching is left in the package."""
 
 from __future__ import annotations
 
 import importlib
+import inspect
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-PATHS = {
-    "cadence.core": ["Time", "TimeUnit", "Timestamp", "State", "Event", "Engine", "Algorithm",
-                     "Callback", "Evaluator", "Precision", "passes", "ensure_time", "Trace"],
+PACKAGE = Path(__file__).resolve().parent.parent / "cadence"
+
+#: Composer 0.32.1 module path (with ``composer`` renamed) -> names defined there.
+DEFINED_IN = {
     "cadence.core.time": ["Time", "TimeUnit", "Timestamp", "ensure_time"],
-    "cadence.core.passes": ["sort_to_front", "sort_to_back", "AlgorithmPass"],
     "cadence.core.state": ["State"],
     "cadence.core.event": ["Event"],
-    "cadence.core.engine": ["Engine", "Trace", "Traces"],
-    "cadence.loggers": ["Logger", "LoggerDestination", "ConsoleLogger", "FileLogger",
-                        "InMemoryLogger", "ProgressBarLogger", "WandBLogger"],
-    "cadence.optim": ["ComposerScheduler", "compile_composer_scheduler", "StepScheduler",
-                      "MultiStepScheduler", "ConstantScheduler", "LinearScheduler",
-                      "ExponentialScheduler", "CosineAnnealingScheduler",
-                      "CosineAnnealingWarmRestartsScheduler", "PolynomialScheduler",
-                      "ConstantWithWarmupScheduler", "LinearWithWarmupScheduler",
-                      "CosineAnnealingWithWarmupScheduler", "PolynomialWithWarmupScheduler",
-                      "MultiStepWithWarmupScheduler", "DecoupledAdamW", "DecoupledSGDW"],
+    "cadence.core.engine": ["Engine", "Trace"],
+    "cadence.core.algorithm": ["Algorithm"],
+    "cadence.core.callback": ["Callback"],
+    "cadence.core.passes": ["sort_to_front", "sort_to_back"],
+    "cadence.core.evaluator": ["Evaluator"],
+    "cadence.core.precision": ["Precision", "get_precision_context"],
+    "cadence.core.data_spec": ["split_batch", "num_samples"],
+    "cadence.core.types": ["MemoryFormat", "TrainerMode"],
+    "cadence.optim.scheduler": [
+        "ComposerScheduler", "compile_composer_scheduler", "StepScheduler",
+        "MultiStepScheduler", "ConstantScheduler", "LinearScheduler", "ExponentialScheduler",
+        "CosineAnnealingScheduler", "CosineAnnealingWarmRestartsScheduler",
+        "PolynomialScheduler", "ConstantWithWarmupScheduler", "LinearWithWarmupScheduler",
+        "CosineAnnealingWithWarmupScheduler", "PolynomialWithWarmupScheduler",
+        "MultiStepWithWarmupScheduler"],
+    "cadence.optim.decoupled_weight_decay": ["DecoupledAdamW", "DecoupledSGDW"],
+    "cadence.loggers.logger": ["Logger"],
+    "cadence.loggers.logger_destination": ["LoggerDestination"],
+    "cadence.loggers.console_logger": ["ConsoleLogger"],
+    "cadence.loggers.progress_bar_logger": ["ProgressBarLogger"],
+    "cadence.loggers.file_logger": ["FileLogger"],
+    "cadence.loggers.in_memory_logger": ["InMemoryLogger"],
+    "cadence.loggers.wandb_logger": ["WandBLogger"],
+    "cadence.loggers.tensorboard_logger": ["TensorboardLogger"],
+    "cadence.loggers.mlflow_logger": ["MLFlowLogger"],
+    "cadence.callbacks.checkpoint_saver": ["CheckpointSaver"],
+    "cadence.callbacks.early_stopper": ["EarlyStopper"],
+    "cadence.callbacks.threshold_stopper": ["ThresholdStopper"],
+    "cadence.callbacks.lr_monitor": ["LRMonitor"],
+    "cadence.callbacks.memory_monitor": ["MemoryMonitor"],
+    "cadence.callbacks.nan_monitor": ["NaNMonitor"],
+    "cadence.callbacks.optimizer_monitor": ["OptimizerMonitor"],
+    "cadence.callbacks.runtime_estimator": ["RuntimeEstimator"],
+    "cadence.callbacks.speed_monitor": ["SpeedMonitor"],
+    "cadence.models.base": ["ComposerModel"],
+    "cadence.models.huggingface": ["HuggingFaceModel"],
+    "cadence.models.tasks.classification": ["ComposerClassifier"],
+    "cadence.metrics.nlp": ["LanguageCrossEntropy", "LanguagePerplexity", "MaskedAccuracy"],
+    "cadence.metrics.metrics": ["CrossEntropy", "LossMetric"],
+    "cadence.loss.loss": ["soft_cross_entropy"],
     "cadence.utils.dist": ["get_world_size", "get_global_rank", "get_local_rank", "barrier",
                            "all_reduce", "broadcast", "get_sampler"],
-    "cadence.dist": ["get_world_size", "get_global_rank"],
-    "cadence.devices": ["DeviceCPU", "DeviceGPU"],
+    "cadence.utils.reproducibility": ["seed_all"],
+    "cadence.utils.misc": ["create_interval_scheduler"],
+    "cadence.utils.batch_helpers": ["batch_get", "batch_set"],
+    "cadence.utils.device": ["get_device"],
+    "cadence.devices.device": ["Device"],
+    "cadence.devices.device_cpu": ["DeviceCPU"],
+    "cadence.devices.device_gpu": ["DeviceGPU"],
+    "cadence.algorithms.gradient_clipping": ["GradientClipping", "apply_gradient_clipping"],
+    "cadence.algorithms.ema": ["EMA", "compute_ema"],
+    "cadence.trainer.trainer": ["Trainer"],
+}
+
+#: Package -> names it re-exports (Composer's package-level imports).
+PACKAGE_EXPORTS = {
+    "cadence.core": ["Time", "TimeUnit", "Timestamp", "State", "Event", "Engine", "Algorithm",
+                     "Callback", "Evaluator", "Precision", "get_precision_context", "passes",
+                     "ensure_time", "Trace", "Batch", "JSON", "MemoryFormat", "TrainerMode",
+                     "PyTorchScheduler"],
+    "cadence.loggers": ["Logger", "LoggerDestination", "ConsoleLogger", "FileLogger",
+                        "InMemoryLogger", "ProgressBarLogger", "WandBLogger",
+                        "TensorboardLogger", "MLFlowLogger"],
+    "cadence.optim": DEFINED_IN["cadence.optim.scheduler"] + ["DecoupledAdamW", "DecoupledSGDW"],
+    "cadence.callbacks": ["SpeedMonitor", "LRMonitor", "MemoryMonitor", "CheckpointSaver",
+                          "EarlyStopper", "ThresholdStopper", "NaNMonitor", "OptimizerMonitor",
+                          "RuntimeEstimator"],
+    "cadence.models": ["ComposerModel", "HuggingFaceModel", "ComposerClassifier"],
+    "cadence.models.tasks": ["ComposerClassifier"],
     "cadence.metrics": ["LanguageCrossEntropy", "LanguagePerplexity", "CrossEntropy",
                         "LossMetric", "MaskedAccuracy"],
-    "cadence.callbacks": ["SpeedMonitor", "LRMonitor", "MemoryMonitor", "CheckpointSaver"],
-    "cadence.algorithms": ["GradientClipping", "EMA"],
-    "cadence.models": ["ComposerModel", "HuggingFaceModel", "ComposerClassifier"],
+    "cadence.devices": ["Device", "DeviceCPU", "DeviceGPU"],
+    "cadence.utils": ["dist", "reproducibility", "create_interval_scheduler", "batch_get",
+                      "batch_set", "get_device", "seed_all"],
     "cadence.trainer": ["Trainer"],
+    "cadence.dist": ["get_world_size", "get_global_rank"],
 }
 
 
-@pytest.mark.parametrize("module", sorted(PATHS))
-def test_composer_paths_resolve(module: str) -> None:
+@pytest.mark.parametrize("module", sorted(DEFINED_IN))
+def test_each_composer_path_defines_its_names(module: str) -> None:
     mod = importlib.import_module(module)
-    missing = [name for name in PATHS[module] if not hasattr(mod, name)]
-    assert not missing, f"{module} lacks {missing}"
-    exported = getattr(mod, "__all__", None)
-    if exported is not None and not module.startswith("cadence.core."):
-        assert not [n for n in PATHS[module] if n not in exported], f"{module}.__all__"
+    wrong = {name: getattr(getattr(mod, name, None), "__module__", "missing")
+             for name in DEFINED_IN[module]}
+    wrong = {name: where for name, where in wrong.items() if where != module}
+    assert not wrong, f"{module}: these names are defined elsewhere: {wrong}"
+    assert set(DEFINED_IN[module]) <= set(mod.__all__), f"{module}.__all__"
 
 
-def test_one_object_per_concept() -> None:
+@pytest.mark.parametrize("package", sorted(PACKAGE_EXPORTS))
+def test_packages_export_composers_names(package: str) -> None:
+    mod = importlib.import_module(package)
+    missing = [name for name in PACKAGE_EXPORTS[package] if not hasattr(mod, name)]
+    assert not missing, f"{package} lacks {missing}"
+    assert set(PACKAGE_EXPORTS[package]) <= set(mod.__all__), f"{package}.__all__"
+
+
+def test_package_exports_are_the_defining_objects() -> None:
+    for package, names in PACKAGE_EXPORTS.items():
+        mod = importlib.import_module(package)
+        for name in names:
+            obj = getattr(mod, name)
+            if not (inspect.isclass(obj) or inspect.isfunction(obj)) or \
+                    not obj.__module__.startswith("cadence."):
+                continue  # modules and type aliases (Batch = Any) have no defining module
+            defining = importlib.import_module(obj.__module__)
+            assert getattr(defining, name) is obj, f"{package}.{name}"
+
+
+def test_subpackages_are_attributes_of_cadence_in_a_fresh_interpreter() -> None:
+    code = (
+        "import sys, cadence\n"
+        "assert 'torch' not in sys.modules\n"
+        "print(cadence.optim.DecoupledAdamW.__module__, cadence.trainer.Trainer.__module__,\n"
+        "      cadence.core.Time.__module__, cadence.utils.dist.get_world_size(),\n"
+        "      cadence.models.tasks.ComposerClassifier.__module__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out == ["cadence.optim.decoupled_weight_decay", "cadence.trainer.trainer",
+                   "cadence.core.time", "1", "cadence.models.tasks.classification"]
+
+
+def test_every_subpackage_is_reachable_and_listed() -> None:
     import cadence
-    from cadence import core, optim
-    from cadence.trainer.core import state, time
-    from cadence.trainer.schedulers import CosineAnnealingScheduler
+
+    on_disk = {p.parent.name for p in PACKAGE.glob("*/__init__.py")} | {"dist"}
+    assert on_disk == set(cadence.SUBPACKAGES)
+    for name in cadence.SUBPACKAGES:
+        assert inspect.ismodule(getattr(cadence, name)), name
+
+
+def test_no_alias_modules_or_sys_modules_patching() -> None:
+    # An alias module re-exports another module wholesale (``from x import *``); the one
+    # allowed is ``cadence.dist``, the README's short name for ``cadence.utils.dist``.
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        relative = path.relative_to(PACKAGE.parent).as_posix()
+        if "import *" in text and relative != "cadence/dist.py":
+            offenders.append(f"{relative}: star import")
+        if re.search(r"sys\.modules\[[^\]]+\]\s*=|sys\.modules\.setdefault", text):
+            offenders.append(f"{relative}: writes sys.modules")
+    assert offenders == []
+    from cadence import dist
     from cadence.utils import dist as utils_dist
 
-    assert core.Time is time.Time is cadence.Time and core.State is state.State
-    assert core.passes is importlib.import_module("cadence.core.passes")
-    assert optim.CosineAnnealingScheduler is CosineAnnealingScheduler
-    assert utils_dist.get_world_size is cadence.dist.get_world_size
+    assert dist.__all__ == utils_dist.__all__
+    assert all(getattr(dist, n) is getattr(utils_dist, n) for n in dist.__all__)
 
 
 def test_composer_style_imports_in_a_fresh_interpreter() -> None:
@@ -70,7 +180,11 @@ def test_composer_style_imports_in_a_fresh_interpreter() -> None:
         "from cadence.core.passes import sort_to_front\n"
         "from cadence.utils import dist\n"
         "from cadence.optim import CosineAnnealingWithWarmupScheduler, DecoupledAdamW\n"
+        "from cadence.optim.scheduler import LinearWithWarmupScheduler\n"
         "from cadence.loggers import InMemoryLogger\n"
+        "from cadence.loggers.logger_destination import LoggerDestination\n"
+        "from cadence.models.tasks import ComposerClassifier\n"
+        "from cadence.metrics.nlp import LanguageCrossEntropy\n"
         "print(Trainer.__module__, dist.get_world_size())\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -14,7 +14,7 @@ import pytest
 from cadence import Trainer
 from cadence.cli import main
 from cadence.plot import default_metrics, load_metrics, plot_runs
-from cadence.trainer.loggers import FileLogger
+from cadence.loggers import FileLogger
 from tests.common.models import SimpleModel, make_dataloader
 
 pytest.importorskip("matplotlib")

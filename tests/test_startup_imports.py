@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cadence.trainer.registry_index import load_index
+from cadence.config.registry_index import load_index
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,8 +27,10 @@ HEAVY = ("torch.distributed.fsdp", "torch.distributed.tensor", "torch.distribute
 
 #: Packages whose ``__init__`` re-exports lazily; importing one must not import ``HEAVY``.
 LAZY_PACKAGES = ("cadence", "cadence.algorithms", "cadence.callbacks", "cadence.metrics",
-                 "cadence.models", "cadence.trainer", "cadence.trainer.checkpoint",
-                 "cadence.trainer.core", "cadence.trainer.parallel")
+                 "cadence.models", "cadence.models.tasks", "cadence.trainer",
+                 "cadence.checkpoint", "cadence.core", "cadence.parallel", "cadence.loggers",
+                 "cadence.optim", "cadence.utils", "cadence.devices", "cadence.config",
+                 "cadence.launch")
 
 
 def imported_after(code: str) -> set[str]:
@@ -118,10 +120,10 @@ def test_import_cadence_imports_no_torch() -> None:
 
 def test_first_use_imports_the_defining_module() -> None:
     modules = imported_after("import cadence\ncadence.State")
-    assert "cadence.trainer.core.state" in modules and "torch" in modules
+    assert "cadence.core.state" in modules and "torch" in modules
     assert "cadence.trainer.trainer" not in modules  # only what the name needs
     modules = imported_after("import cadence\ncadence.Event")  # core re-exports lazily too
-    assert "cadence.trainer.core.event" in modules and "torch" not in modules
+    assert "cadence.core.event" in modules and "torch" not in modules
 
 
 @pytest.mark.parametrize("package", LAZY_PACKAGES)
@@ -137,22 +139,16 @@ def test_every_exported_name_resolves_and_is_listed(package: str) -> None:
 def test_lazy_names_are_the_defining_objects() -> None:
     import cadence
     from cadence import Trainer, dist
-    from cadence.trainer.core.time import Time
-    from cadence.trainer.dist import get_world_size
+    from cadence.core.time import Time
+    from cadence.utils.dist import get_world_size
     from cadence.trainer.trainer import Trainer as DefiningTrainer
 
     assert Trainer is DefiningTrainer and cadence.Time is Time
     assert dist.get_world_size is get_world_size and cadence.dist is dist
 
 
-def test_metrics_path_exports_what_the_metrics_module_does() -> None:
-    from cadence import metrics
-    from cadence.models import metrics as defining
-
-    assert sorted(metrics.__all__) == sorted(defining.__all__)
-
-
-@pytest.mark.parametrize("package", ["cadence.algorithms", "cadence.callbacks"])
+@pytest.mark.parametrize("package", ["cadence.algorithms", "cadence.callbacks",
+                                     "cadence.loggers"])
 def test_registry_imports_every_module_that_registers(package: str) -> None:
     # Lazy packages register nothing on import; the registry imports their
     # _REGISTERING_MODULES. A new module with a @register decorator must be listed there.
@@ -167,7 +163,7 @@ def test_registry_imports_every_module_that_registers(package: str) -> None:
 
 
 def test_registry_lists_lazily_imported_components_in_a_fresh_interpreter() -> None:
-    code = ("from cadence.trainer import registry\n"
+    code = ("from cadence.config import registry\n"
             "print(registry.algorithms.names(), registry.callbacks.names())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True).stdout
@@ -222,7 +218,7 @@ SCHEMA_ERRORS = [
 @pytest.mark.parametrize("override,message", SCHEMA_ERRORS, ids=[c[0] for c in SCHEMA_ERRORS])
 def test_schema_error_imports_no_torch_and_no_component(override: str, message: str) -> None:
     modules, err = run_cli(["train", "yamls/quickstart.yaml", override], status=2)
-    assert "cadence.trainer.config_schema" in modules  # the listing is complete enough to trust
+    assert "cadence.config.schema" in modules  # the listing is complete enough to trust
     assert f"cadence train: 1 problem in run config yamls/quickstart.yaml:\n  - {message}" in err
     assert f"(set by override {override!r})" in err
     assert heavy_in(modules, ("torch", "transformers", "torchmetrics", "numpy")) == []
@@ -247,7 +243,7 @@ def test_value_error_is_found_by_the_second_stage_before_anything_is_built() -> 
                            status=2)
     assert "load_path: '/nonexistent/ep1.pt' does not exist" in err
     assert "torch" in modules and "cadence.models.gpt" in modules
-    assert "cadence.trainer.trainer" not in modules and "cadence.trainer.build" not in modules
+    assert "cadence.trainer.trainer" not in modules and "cadence.config.build" not in modules
 
 
 def test_dotted_path_tp_style_is_imported_by_the_second_stage() -> None:

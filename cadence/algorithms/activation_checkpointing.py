@@ -1,7 +1,7 @@
 """Activation checkpointing as an algorithm: model surgery at ``INIT``.
 
 The functions that do the work (:func:`apply_activation_checkpointing`,
-:func:`select_blocks`, ...) live in :mod:`cadence.trainer.parallel.activation_checkpointing`,
+:func:`select_blocks`, ...) live in :mod:`cadence.parallel.activation_checkpointing`,
 the first step of the parallelize plan, and are re-exported here. The algorithm runs at
 ``INIT``, before the plan (compile, tensor parallelism, FSDP2); when it has checkpointed
 blocks the plan's own step (the fsdp keys ``activation_checkpointing`` /
@@ -19,13 +19,13 @@ from typing import Any, Iterable, Optional
 
 from torch import nn
 
-from cadence.trainer.core import Algorithm, Event, State
-from cadence.trainer.parallel import unwrap_model
-from cadence.trainer.parallel.activation_checkpointing import (
+from cadence.core import Algorithm, Event, State
+from cadence.parallel import unwrap_model
+from cadence.parallel.activation_checkpointing import (
     apply_activation_checkpointing, is_checkpointed, remove_activation_checkpointing,
     select_blocks,
 )
-from cadence.trainer.registry import algorithms
+from cadence.config.registry import algorithms
 
 __all__ = [
     "ActivationCheckpointing", "apply_activation_checkpointing", "remove_activation_checkpointing",

@@ -53,12 +53,12 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from cadence.trainer import dist
-from cadence.trainer.core import Algorithm, Event, State
-from cadence.trainer.microbatch import batch_to_device, num_samples, split_batch
-from cadence.trainer.parallel import is_shard_placement, unwrap_model
-from cadence.trainer.precision import Precision, get_precision_context
-from cadence.trainer.registry import algorithms
+from cadence.utils import dist
+from cadence.core import Algorithm, Event, State
+from cadence.core.data_spec import batch_to_device, num_samples, split_batch
+from cadence.parallel import is_shard_placement, unwrap_model
+from cadence.core.precision import Precision, get_precision_context
+from cadence.config.registry import algorithms
 
 __all__ = [
     "ChildTuning", "DEFAULT_PARAM_REGEX", "MODES", "child_tuning_f_mask_", "child_tuning_d_mask_",

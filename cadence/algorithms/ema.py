@@ -31,9 +31,9 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from cadence.trainer.core import Algorithm, Event, State, Time, TimeUnit
-from cadence.trainer.parallel import unwrap_model
-from cadence.trainer.registry import algorithms
+from cadence.core import Algorithm, Event, State, Time, TimeUnit
+from cadence.parallel import unwrap_model
+from cadence.config.registry import algorithms
 
 __all__ = ["EMA", "compute_ema", "smoothing_from_half_life"]
 

@@ -16,8 +16,8 @@ from typing import Any, Iterable, Union
 import torch
 from torch import nn
 
-from cadence.trainer.core import Algorithm, Event, State
-from cadence.trainer.registry import algorithms
+from cadence.core import Algorithm, Event, State
+from cadence.config.registry import algorithms
 
 __all__ = ["ClippingType", "GradientClipping", "apply_gradient_clipping", "unitwise_norm"]
 

@@ -14,7 +14,7 @@ when it shards the model and builds the optimizer, and around every forward):
   and child-tuning masks see true gradients); steps with inf/NaN gradients are skipped.
 
 Under FSDP2 the precision also picks the ``MixedPrecisionPolicy``
-(:func:`cadence.trainer.parallel.fsdp.mixed_precision_policy`, fsdp key
+(:func:`cadence.parallel.fsdp.mixed_precision_policy`, fsdp key
 ``mixed_precision``): ``DEFAULT`` all-gathers parameters in the low precision and
 reduce-scatters gradients in fp32; ``PURE`` does both in the low precision; ``FULL`` keeps
 fp32. Norm layers are their own FSDP units with an fp32 policy, so their weights and
@@ -31,9 +31,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from cadence.trainer.core import Algorithm, Event, State
-from cadence.trainer.precision import Precision
-from cadence.trainer.registry import algorithms
+from cadence.core import Algorithm, Event, State
+from cadence.core.precision import Precision
+from cadence.config.registry import algorithms
 from cadence.utils.precision import bf16_supported
 
 __all__ = ["MixedPrecision"]

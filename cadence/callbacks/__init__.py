@@ -1,6 +1,6 @@
 """Callbacks: observe a run and log, one module each, imported on first use. The registry
 imports them on its first look-up (:data:`_REGISTERING_MODULES`), which registers them in
-:data:`cadence.trainer.registry.callbacks`: ``lr_monitor``, ``speed_monitor``,
+:data:`cadence.config.registry.callbacks`: ``lr_monitor``, ``speed_monitor``,
 ``memory_monitor``, ``optimizer_monitor``, ``nan_monitor``, ``early_stopper``,
 ``threshold_stopper``, ``runtime_estimator``, ``profiler``.
 """
@@ -13,7 +13,7 @@ from cadence._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from cadence.callbacks.checkpoint_saver import CheckpointSaver
-    from cadence.callbacks.early_stopper import EarlyStopper, ThresholdStopper
+    from cadence.callbacks.early_stopper import EarlyStopper
     from cadence.callbacks.lr_monitor import LRMonitor
     from cadence.callbacks.memory_monitor import MemoryMonitor
     from cadence.callbacks.nan_monitor import NaNMonitor
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from cadence.callbacks.profiler import ProfilerCallback
     from cadence.callbacks.runtime_estimator import RuntimeEstimator
     from cadence.callbacks.speed_monitor import SpeedMonitor
+    from cadence.callbacks.threshold_stopper import ThresholdStopper
 
 __all__ = [
     "CheckpointSaver", "EarlyStopper", "LRMonitor", "MemoryMonitor", "NaNMonitor",
@@ -32,7 +33,7 @@ _LAZY = {
     # name: the Trainer adds it from its save_* arguments.
     "CheckpointSaver": "cadence.callbacks.checkpoint_saver",
     "EarlyStopper": "cadence.callbacks.early_stopper",
-    "ThresholdStopper": "cadence.callbacks.early_stopper",
+    "ThresholdStopper": "cadence.callbacks.threshold_stopper",
     "LRMonitor": "cadence.callbacks.lr_monitor",
     "MemoryMonitor": "cadence.callbacks.memory_monitor",
     "NaNMonitor": "cadence.callbacks.nan_monitor",
@@ -42,7 +43,7 @@ _LAZY = {
     "SpeedMonitor": "cadence.callbacks.speed_monitor",
 }
 
-#: The modules whose import registers the callbacks in :data:`cadence.trainer.registry.callbacks`
+#: The modules whose import registers the callbacks in :data:`cadence.config.registry.callbacks`
 #: (the registry imports them on its first look-up).
 # CheckpointSaver is not a run-file name: the Trainer adds it from its save_* arguments.
 _REGISTERING_MODULES = tuple(sorted(set(_LAZY.values()) - {"cadence.callbacks.checkpoint_saver"}))

@@ -1,7 +1,7 @@
 """``CheckpointSaver``: save checkpoints on an interval and at the end of training.
 
 Source: Composer's ``CheckpointSaver`` (``composer/callbacks/checkpoint_saver.py``), on
-cadence's atomic full / sharded formats (:mod:`cadence.trainer.checkpoint`).
+cadence's atomic full / sharded formats (:mod:`cadence.checkpoint`).
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import secrets
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from cadence.trainer import dist
-from cadence.trainer.checkpoint.async_save import AsyncCheckpointer
-from cadence.trainer.checkpoint.checkpoint import (
+from cadence.utils import dist
+from cadence.checkpoint.async_save import AsyncCheckpointer
+from cadence.checkpoint.checkpoint import (
     FORMATS, CheckpointError, read_metadata, save_checkpoint,
 )
-from cadence.trainer.checkpoint.files import (
+from cadence.checkpoint.files import (
     TMP_MARK, format_name, remove_checkpoint, write_latest,
 )
-from cadence.trainer.checkpoint.remote import RemoteFolder, is_remote, local_path
-from cadence.trainer.core import Callback, Event, State, Time, TimeUnit
+from cadence.checkpoint.remote import RemoteFolder, is_remote, local_path
+from cadence.core import Callback, Event, State, Time, TimeUnit
 
 __all__ = ["CheckpointSaver"]
 
@@ -38,7 +38,7 @@ class CheckpointSaver(Callback):
         folder: where checkpoints go; ``{run_name}`` is filled in. Default ``runs/{run_name}``.
             An fsspec URL (``s3://bucket/runs/{run_name}``) saves to object storage: each
             checkpoint is written to a local stage, uploaded, then marked complete, then
-            pointed at (:mod:`~cadence.trainer.checkpoint.remote`).
+            pointed at (:mod:`~cadence.checkpoint.remote`).
         filename: checkpoint name, with ``{run_name}``, ``{epoch}``, ``{batch}``, ``{rank}``;
             a ``full`` checkpoint gets ``.pt`` appended when missing, a ``sharded`` one is a
             directory. Default ``ep{epoch}-ba{batch}``.
@@ -68,7 +68,7 @@ class CheckpointSaver(Callback):
             ``{run_name}/checkpoints/ep{epoch}-ba{batch}-rank{rank}`` (``.pt`` added for a
             full file; a sharded directory is uploaded file by file under it).
         save_async: write checkpoints in the background
-            (:class:`~cadence.trainer.checkpoint.async_save.AsyncCheckpointer`): the loop
+            (:class:`~cadence.checkpoint.async_save.AsyncCheckpointer`): the loop
             waits only while the state is copied to CPU memory; at most one save is in
             flight (the next waits for it); ``FIT_END`` and :meth:`close` wait for it; the
             ``latest`` pointer moves, and old checkpoints are rotated out, once the write is

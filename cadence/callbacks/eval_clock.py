@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from cadence.trainer.core import Callback, State
+from cadence.core import Callback, State
 
 __all__ = ["EvalClockCallback"]
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from cadence.trainer.core import Callback
-from cadence.trainer.registry import callbacks
+from cadence.core import Callback
+from cadence.config.registry import callbacks
 
 if TYPE_CHECKING:
-    from cadence.trainer.core import State
+    from cadence.core import State
 
 __all__ = ["LRMonitor"]
 

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 
-from cadence.trainer.core import Callback, Time, TimeUnit
-from cadence.trainer.registry import callbacks
+from cadence.core import Callback, Time, TimeUnit
+from cadence.config.registry import callbacks
 
 if TYPE_CHECKING:
-    from cadence.trainer.core import State
+    from cadence.core import State
 
 __all__ = ["MemoryMonitor", "cuda_memory_report", "host_memory_report"]
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from cadence.trainer.core import Callback
-from cadence.trainer.dist import all_reduce, get_world_size
-from cadence.trainer.registry import callbacks
+from cadence.core import Callback
+from cadence.utils.dist import all_reduce, get_world_size
+from cadence.config.registry import callbacks
 
 if TYPE_CHECKING:
-    from cadence.trainer.core import State
+    from cadence.core import State
 
 __all__ = ["NaNMonitor"]
 

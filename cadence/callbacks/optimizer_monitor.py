@@ -1,8 +1,8 @@
 """The :class:`OptimizerMonitor` callback: L2 norms of the gradients and of the parameters.
 
 Source: MosaicML Composer's ``OptimizerMonitor`` (``composer/callbacks/optimizer_monitor.py``);
-the norms come from :func:`~cadence.trainer.parallel.grad_norm.get_grad_norm` and
-:func:`~cadence.trainer.parallel.grad_norm.get_param_norm`, which are correct under DDP and
+the norms come from :func:`~cadence.parallel.grad_norm.get_grad_norm` and
+:func:`~cadence.parallel.grad_norm.get_param_norm`, which are correct under DDP and
 FSDP2 (they reduce DTensor shards over the mesh).
 """
 
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, Iterator, Union
 import torch
 from torch.distributed.tensor import DTensor
 
-from cadence.trainer.core import Callback, Time, TimeUnit
-from cadence.trainer.parallel.grad_norm import get_grad_norm, get_param_norm
-from cadence.trainer.registry import callbacks
+from cadence.core import Callback, Time, TimeUnit
+from cadence.parallel.grad_norm import get_grad_norm, get_param_norm
+from cadence.config.registry import callbacks
 
 if TYPE_CHECKING:
-    from cadence.trainer.core import State
+    from cadence.core import State
 
 __all__ = ["OptimizerMonitor"]
 
@@ -54,7 +54,7 @@ class OptimizerMonitor(Callback):
       for every parameter (names as in the unwrapped model's ``named_parameters``).
     - with ``log_optimizer_metrics`` and an optimizer that has
       ``report_per_parameter_metrics(param, name, metrics)`` (e.g.
-      :class:`~cadence.trainer.optimizers.DecoupledAdamW`): what it reports per parameter,
+      :class:`~cadence.optim.decoupled_weight_decay.DecoupledAdamW`): what it reports per parameter,
       e.g. ``l2_norm/moment/<name>``, ``l2_norm/update/<name>``, read at ``BATCH_END``.
 
     All ranks get the same values (the norms are reduced over the ranks under FSDP), and

@@ -14,12 +14,12 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from cadence.trainer.core import Callback
-from cadence.trainer.dist import get_global_rank
-from cadence.trainer.registry import callbacks
+from cadence.core import Callback
+from cadence.utils.dist import get_global_rank
+from cadence.config.registry import callbacks
 
 if TYPE_CHECKING:
-    from cadence.trainer.core import State
+    from cadence.core import State
 
 __all__ = ["ProfilerCallback", "TRACE_HANDLERS"]
 

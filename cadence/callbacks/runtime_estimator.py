@@ -9,10 +9,10 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from cadence.callbacks.eval_clock import EvalClockCallback
-from cadence.trainer.registry import callbacks
+from cadence.config.registry import callbacks
 
 if TYPE_CHECKING:
-    from cadence.trainer.core import State
+    from cadence.core import State
 
 __all__ = ["RuntimeEstimator"]
 

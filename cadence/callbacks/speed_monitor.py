@@ -13,13 +13,13 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Union
 
 from cadence.callbacks.eval_clock import EvalClockCallback
-from cadence.trainer.dist import get_world_size
-from cadence.trainer.parallel import unwrap_model
-from cadence.trainer.registry import callbacks
+from cadence.utils.dist import get_world_size
+from cadence.parallel import unwrap_model
+from cadence.config.registry import callbacks
 from cadence.utils.flops import device_peak_flops
 
 if TYPE_CHECKING:
-    from cadence.trainer.core import State
+    from cadence.core import State
 
 __all__ = ["SpeedMonitor", "TIME_UNITS"]
 

@@ -1,39 +1,56 @@
-"""``cadence.core``: Composer's ``composer.core`` names, so a port is ``s/composer/cadence/``.
+"""Composer's ``composer.core``: the concepts of a run (events, engine, state, time,
+algorithms, callbacks, evaluators, precision, batches).
 
-Each name lives in one module of :mod:`cadence.trainer.core` (or
-:mod:`cadence.trainer.precision`); this package re-exports them. The submodule paths
-Composer users import from also resolve: ``cadence.core.time``, ``.state``, ``.event``,
-``.engine``, ``.passes``, ``.algorithm``, ``.callback``, ``.precision`` are those modules.
+The dependency rule: nothing in this package imports the rest of cadence (or
+``torch.distributed``). Names are imported on first use (:mod:`cadence._lazy`), so
+``cadence.core.time`` (the Time string parser, used when a run file is checked) loads without
+torch.
 """
 
 from __future__ import annotations
 
-import sys
+from typing import TYPE_CHECKING
 
-from cadence.trainer import precision as _precision
-from cadence.trainer.core import algorithm as _algorithm
-from cadence.trainer.core import callback as _callback
-from cadence.trainer.core import engine as _engine
-from cadence.trainer.core import event as _event
-from cadence.trainer.core import passes
-from cadence.trainer.core import state as _state
-from cadence.trainer.core import time as _time
-from cadence.trainer.core.algorithm import Algorithm
-from cadence.trainer.core.callback import Callback
-from cadence.trainer.core.engine import Engine, Trace, Traces
-from cadence.trainer.core.event import Event
-from cadence.trainer.core.passes import AlgorithmPass
-from cadence.trainer.core.state import Evaluator, State
-from cadence.trainer.core.time import Time, Timestamp, TimeUnit, ensure_time
-from cadence.trainer.precision import Precision, get_precision_context
+from cadence._lazy import lazy_exports
 
-__all__ = [
-    "Algorithm", "AlgorithmPass", "Callback", "Engine", "Evaluator", "Event", "Precision",
-    "State", "Time", "Timestamp", "TimeUnit", "Trace", "Traces", "ensure_time",
-    "get_precision_context", "passes",
-]
+if TYPE_CHECKING:
+    from cadence.core import passes
+    from cadence.core.algorithm import Algorithm
+    from cadence.core.callback import Callback
+    from cadence.core.engine import Engine, Trace, Traces
+    from cadence.core.evaluator import Evaluator
+    from cadence.core.event import Event
+    from cadence.core.passes import AlgorithmPass
+    from cadence.core.precision import Precision, get_precision_context
+    from cadence.core.state import State
+    from cadence.core.time import Time, TimeLike, Timestamp, TimeUnit, ensure_time
+    from cadence.core.types import JSON, Batch, MemoryFormat, PyTorchScheduler, TrainerMode
 
-for _name, _module in {"algorithm": _algorithm, "callback": _callback, "engine": _engine,
-                       "event": _event, "passes": passes, "precision": _precision,
-                       "state": _state, "time": _time}.items():
-    sys.modules.setdefault(f"{__name__}.{_name}", _module)
+_LAZY = {
+    "Algorithm": "cadence.core.algorithm",
+    "AlgorithmPass": "cadence.core.passes",
+    "Batch": "cadence.core.types",
+    "Callback": "cadence.core.callback",
+    "Engine": "cadence.core.engine",
+    "Evaluator": "cadence.core.evaluator",
+    "Event": "cadence.core.event",
+    "JSON": "cadence.core.types",
+    "MemoryFormat": "cadence.core.types",
+    "Precision": "cadence.core.precision",
+    "PyTorchScheduler": "cadence.core.types",
+    "State": "cadence.core.state",
+    "Time": "cadence.core.time",
+    "TimeLike": "cadence.core.time",
+    "TimeUnit": "cadence.core.time",
+    "Timestamp": "cadence.core.time",
+    "Trace": "cadence.core.engine",
+    "Traces": "cadence.core.engine",
+    "TrainerMode": "cadence.core.types",
+    "ensure_time": "cadence.core.time",
+    "get_precision_context": "cadence.core.precision",
+    "passes": "cadence.core.passes",
+}
+
+__all__ = sorted(_LAZY)
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -1,19 +1,20 @@
-"""The :class:`Device` a run trains on: how modules, tensors, batches and optimizer state
-get there, and which ``torch.distributed`` backend it uses.
+"""The :class:`Device` base class: how modules, tensors, batches and optimizer state get
+to the device a run trains on, and which ``torch.distributed`` backend it uses.
 
-Source: MosaicML Composer's ``Device``, ``DeviceCPU`` and ``DeviceGPU``
-(``composer/devices/``) and ``composer.utils.get_device``: same names, attributes and
-methods. Composer's TPU, MPS, HPU and Neuron devices are not provided.
+Source: MosaicML Composer's ``Device`` (``composer/devices/device.py``): same attributes and
+methods. The devices are :class:`~cadence.devices.device_cpu.DeviceCPU` and
+:class:`~cadence.devices.device_gpu.DeviceGPU`; Composer's TPU, MPS, HPU and Neuron devices
+are not provided. :func:`cadence.utils.device.get_device` turns a name into one.
 """
 
 from __future__ import annotations
 
 from abc import ABC
-from typing import Any, Optional, TypeVar, Union
+from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["Device", "DeviceCPU", "DeviceGPU", "get_device"]
+__all__ = ["Device"]
 
 T_nnModule = TypeVar("T_nnModule", bound=torch.nn.Module)
 
@@ -47,7 +48,7 @@ class Device(ABC):
         """``batch`` with every tensor moved to the device: tensors, mappings (a tokenizer's
         ``BatchEncoding`` included), lists, tuples and named tuples, nested; other values
         are kept as they are. Same traversal as the Trainer's own batch transfer."""
-        from cadence.trainer.microbatch import batch_to_device
+        from cadence.core.data_spec import batch_to_device
 
         return batch_to_device(batch, self._device)
 
@@ -70,75 +71,3 @@ class Device(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._device})"
-
-
-class DeviceCPU(Device):
-    """The CPU; distributed runs use the ``gloo`` backend."""
-
-    name = "cpu"
-    dist_backend = "gloo"
-
-    def __init__(self) -> None:
-        self._device = torch.device("cpu")
-
-
-class DeviceGPU(Device):
-    """A CUDA GPU; distributed runs use the ``nccl`` backend.
-
-    Args:
-        device_id: the GPU index; default the process's local rank (``LOCAL_RANK``).
-        allow_tf32: allow TF32 matmuls and convolutions (``torch.backends``); default True,
-            as in Composer.
-
-    Raises:
-        ValueError: CUDA is not available.
-    """
-
-    name = "gpu"
-    dist_backend = "nccl"
-
-    def __init__(self, device_id: Optional[int] = None, *, allow_tf32: bool = True) -> None:
-        if not torch.cuda.is_available():
-            raise ValueError("DeviceGPU needs CUDA, which is not available here; use "
-                             "device='cpu' (DeviceCPU).")
-        if device_id is None:
-            from cadence.trainer.dist import get_local_rank
-
-            device_id = get_local_rank()
-        self._device = torch.device("cuda", device_id)
-        torch.cuda.set_device(self._device)
-        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
-        torch.backends.cudnn.allow_tf32 = allow_tf32
-
-
-_NAMES = {"cpu": DeviceCPU, "gpu": DeviceGPU, "cuda": DeviceGPU}
-
-
-def get_device(device: Union[str, torch.device, Device, None] = None) -> Device:
-    """A :class:`Device` from a name, a ``torch.device`` or a Device (returned as is).
-
-    Args:
-        device: ``"cpu"``, ``"gpu"`` (Composer's name) or ``"cuda"`` / ``"cuda:<id>"``, a
-            ``torch.device``, a :class:`Device`, or ``None``: the GPU when CUDA is
-            available, else the CPU.
-
-    Raises:
-        ValueError: an unknown name (the message lists the known ones), or a GPU asked for
-            without CUDA.
-    """
-    if isinstance(device, Device):
-        return device
-    if device is None:
-        return DeviceGPU() if torch.cuda.is_available() else DeviceCPU()
-    if isinstance(device, str) and device.lower() in _NAMES:
-        return _NAMES[device.lower()]()
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError):
-        resolved = None
-    if resolved is not None and resolved.type == "cpu":
-        return DeviceCPU()
-    if resolved is not None and resolved.type == "cuda":
-        return DeviceGPU(resolved.index)
-    raise ValueError(f"device {device!r} is not supported; use 'cpu', 'gpu' (or 'cuda', "
-                     f"'cuda:<index>'), a torch.device, a cadence.devices.Device, or None.")

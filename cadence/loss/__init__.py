@@ -1,7 +1,7 @@
 """Loss functions: ``cadence.loss`` mirrors Composer's ``composer.loss``.
 
 :func:`soft_cross_entropy` is the default loss of
-:class:`~cadence.models.classifier.ComposerClassifier`.
+:class:`~cadence.models.tasks.classification.ComposerClassifier`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""``cadence.metrics``: Composer's ``composer.metrics`` path for the torchmetrics of
-:mod:`cadence.models.metrics` (where they live)."""
+"""Composer's ``composer.metrics``: language-model metrics (:mod:`cadence.metrics.nlp`) and
+general ones (:mod:`cadence.metrics.metrics`), all torchmetrics ``Metric`` s. Names are
+imported on first use (torchmetrics, and the transformers it pulls in, load then)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ from typing import TYPE_CHECKING
 from cadence._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from cadence.models.metrics import (
-        CrossEntropy, LanguageCrossEntropy, LanguagePerplexity, LossMetric, MaskedAccuracy,
-    )
+    from cadence.metrics.metrics import CrossEntropy, LossMetric
+    from cadence.metrics.nlp import LanguageCrossEntropy, LanguagePerplexity, MaskedAccuracy
 
-__all__ = ["CrossEntropy", "LanguageCrossEntropy", "LanguagePerplexity", "LossMetric",
-           "MaskedAccuracy"]
+_LAZY = {
+    "CrossEntropy": "cadence.metrics.metrics",
+    "LossMetric": "cadence.metrics.metrics",
+    "LanguageCrossEntropy": "cadence.metrics.nlp",
+    "LanguagePerplexity": "cadence.metrics.nlp",
+    "MaskedAccuracy": "cadence.metrics.nlp",
+}
 
-# torchmetrics (and the transformers it pulls in) is imported on first use of a metric.
-__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(__all__, "cadence.models.metrics"))
+__all__ = sorted(_LAZY)
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -1,7 +1,7 @@
 """Models: the :class:`ComposerModel` interface, the ``transformers`` wrapper and builders.
 
 The built-in model builders (``gpt2``, ``hf_pretrained``) live in :mod:`cadence.models.gpt`
-and register in :data:`cadence.trainer.registry.models` when it is imported (the registry
+and register in :data:`cadence.config.registry.models` when it is imported (the registry
 imports it on first look-up). Everything that needs ``transformers`` or ``torchmetrics`` is
 imported on first access, so ``import cadence`` stays fast.
 """
@@ -25,23 +25,23 @@ __all__ = [
     "is_causal_lm",
     "is_sequence_classifier",
     "load_tokenizer",
-    "metrics",
+    "tasks",
 ]
 
 _LAZY = {
-    "ComposerClassifier": "cadence.models.classifier",
-    "CrossEntropy": "cadence.models.metrics",
-    "LossMetric": "cadence.models.metrics",
-    "MaskedAccuracy": "cadence.models.metrics",
+    "ComposerClassifier": "cadence.models.tasks.classification",
+    "CrossEntropy": "cadence.metrics.metrics",
+    "LossMetric": "cadence.metrics.metrics",
+    "MaskedAccuracy": "cadence.metrics.nlp",
     "HuggingFaceModel": "cadence.models.huggingface",
     "is_causal_lm": "cadence.models.huggingface",
     "is_sequence_classifier": "cadence.models.huggingface",
-    "LanguageCrossEntropy": "cadence.models.metrics",
-    "LanguagePerplexity": "cadence.models.metrics",
+    "LanguageCrossEntropy": "cadence.metrics.nlp",
+    "LanguagePerplexity": "cadence.metrics.nlp",
     "gpt2": "cadence.models.gpt",
     "hf_pretrained": "cadence.models.gpt",
     "load_tokenizer": "cadence.models.gpt",
 }
 
 
-__getattr__, __dir__ = lazy_exports(__name__, {**_LAZY, "metrics": "cadence.models.metrics"})
+__getattr__, __dir__ = lazy_exports(__name__, {**_LAZY, "tasks": "cadence.models.tasks"})

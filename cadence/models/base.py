@@ -30,7 +30,7 @@ class ComposerModel(nn.Module):
       ``{module-name pattern: style}`` (``colwise``, ``rowwise``, ``sequence_parallel``,
       ``fused_qkv_colwise``, ``replicate``, or a ``ParallelStyle``), used when
       ``parallelism_config.tp`` has no ``layer_plan``; without it the built-in plans for
-      GPT-2 and Llama blocks apply (:mod:`cadence.trainer.parallel.tp`).
+      GPT-2 and Llama blocks apply (:mod:`cadence.parallel.tp`).
     - a submodule attribute ``_fsdp_wrap = True``: make that submodule an FSDP unit.
 
     Example::

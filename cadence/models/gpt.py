@@ -32,7 +32,7 @@ from transformers import (
 )
 
 from cadence.models.huggingface import HuggingFaceModel
-from cadence.trainer.registry import models
+from cadence.config.registry import models
 
 __all__ = ["gpt2", "hf_pretrained", "load_tokenizer", "GPT2_EOS_TOKEN_ID", "TASKS"]
 

@@ -24,7 +24,7 @@ from transformers.models.auto.modeling_auto import (
 )
 
 from cadence.models.base import ComposerModel
-from cadence.models.metrics import LanguageCrossEntropy, LanguagePerplexity
+from cadence.metrics.nlp import LanguageCrossEntropy, LanguagePerplexity
 from cadence.utils.flops import transformer_flops_per_token
 
 __all__ = ["HuggingFaceModel", "MetricsArg", "is_causal_lm", "is_sequence_classifier"]

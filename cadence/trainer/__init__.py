@@ -1,6 +1,6 @@
 """The Trainer and what it is built from. ``from cadence.trainer import Trainer`` works as
 Composer's ``from composer.trainer import Trainer``; the Trainer is imported on first use,
-so importing a submodule (``cadence.trainer.core.time``) stays light."""
+so importing a submodule (``cadence.core.time``) stays light."""
 
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from cadence.trainer import dist
-from cadence.trainer.core.state import State
+from cadence.utils import dist
+from cadence.core.state import State
 
 __all__ = ["parse_microbatch_size", "forward_backward_auto", "is_out_of_memory", "any_rank",
            "alloc_retries", "release_after_oom"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Union
 
-from cadence.trainer.core import Event, State, Time, TimeUnit
+from cadence.core import Event, State, Time, TimeUnit
 
 __all__ = ["EvalInterval", "eval_due", "parse_eval_interval", "training_done"]
 

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
 
 import torch
 
-from cadence.trainer.core import Time, TimeUnit, Timestamp
+from cadence.core import Time, TimeUnit, Timestamp
 from cadence.trainer.eval_schedule import parse_eval_interval
-from cadence.trainer.optim import compile_scheduler
-from cadence.trainer.parallel.data import (
+from cadence.optim.optimizers import compile_scheduler
+from cadence.parallel.data import (
     align_sampler_with_data_parallel, check_distributed_sampler,
 )
-from cadence.trainer.precision import Precision
+from cadence.core.precision import Precision
 from cadence.trainer.trainer_options import (
     scale_duration, steps_schedulers_every_batch, subset_len,
 )

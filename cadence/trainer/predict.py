@@ -11,9 +11,9 @@ from typing import Any, Iterable
 
 import torch
 
-from cadence.trainer.core import Engine, Event, State
-from cadence.trainer.microbatch import batch_to_device
-from cadence.trainer.precision import Precision, get_precision_context
+from cadence.core import Engine, Event, State
+from cadence.core.data_spec import batch_to_device
+from cadence.core.precision import Precision, get_precision_context
 
 __all__ = ["predict_loop", "to_cpu"]
 

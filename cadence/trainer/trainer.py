@@ -12,40 +12,41 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 
-from cadence.devices import get_device
+from cadence.utils.device import get_device
 from cadence.models.base import ComposerModel
-from cadence.trainer import dist
+from cadence.utils import dist
 from cadence.trainer.auto_microbatch import forward_backward_auto, parse_microbatch_size
-from cadence.trainer.checkpoint import load_checkpoint
-from cadence.trainer.checkpoint.data_position import iter_epoch
-from cadence.trainer.checkpoint.lock import lock_save_folder, release_on_error
-from cadence.trainer.checkpoint.remote import (
+from cadence.checkpoint import load_checkpoint
+from cadence.checkpoint.data_position import iter_epoch
+from cadence.checkpoint.lock import lock_save_folder, release_on_error
+from cadence.checkpoint.remote import (
     check_url, fetched, local_folder, sync_remote_logs,
 )
-from cadence.trainer.checkpoint.resume import resolve_load_path, written_by
-from cadence.trainer.checkpoint.run_folder import check_autoresume_folder
-from cadence.trainer.core import (
+from cadence.checkpoint.resume import resolve_load_path, written_by
+from cadence.checkpoint.run_folder import check_autoresume_folder
+from cadence.core import (
     Algorithm, Callback, Engine, Evaluator, Event, State, Time, TimeLike, Timestamp, TimeUnit,
 )
 from cadence.trainer import trainer_options as options
 from cadence.trainer.trainer_options import EvalDataloader, as_list
 from cadence.trainer.eval_schedule import eval_due, parse_eval_interval
 from cadence.trainer.fit_args import apply_fit_arguments
-from cadence.trainer.loggers.logger import Logger, LoggerDestination
-from cadence.trainer.microbatch import batch_to_device, num_samples, slice_batch, split_batch
-from cadence.trainer.optim import compile_scheduler
-from cadence.trainer.parallel import (
+from cadence.loggers.logger import Logger
+from cadence.loggers.logger_destination import LoggerDestination
+from cadence.core.data_spec import batch_to_device, num_samples, slice_batch, split_batch
+from cadence.optim.optimizers import compile_scheduler
+from cadence.parallel import (
     ParallelPlan, data_parallel_rank, data_parallel_size, parallelize, parse_parallelism_config,
     remap_optimizer_params, unwrap_model,
 )
-from cadence.trainer.parallel.compile import parse_compile_config
-from cadence.trainer.parallel.elastic import check_resume_layout, mesh_layout
-from cadence.trainer.parallel.data import (
+from cadence.parallel.compile import parse_compile_config
+from cadence.parallel.elastic import check_resume_layout, mesh_layout
+from cadence.parallel.data import (
     align_sampler_with_data_parallel, check_distributed_sampler, real_samples_on_rank,
     sync_metrics_over,
 )
-from cadence.trainer.parallel.mesh import data_parallel_group
-from cadence.trainer.precision import Precision, get_precision_context
+from cadence.parallel.mesh import data_parallel_group
+from cadence.core.precision import Precision, get_precision_context
 from cadence.trainer.predict import predict_loop
 from cadence.utils.reproducibility import seed_all
 
@@ -67,7 +68,7 @@ class Trainer:
         eval_subset_num_batches: eval batches per evaluation; ``-1`` for all.
         optimizers: an optimizer (or a one-element list); default ``AdamW(lr=1e-3)`` on the
             model's parameters, built after ``INIT`` so it sees any model surgery.
-        schedulers: :class:`~cadence.trainer.optim.ComposerScheduler` s or torch
+        schedulers: :class:`~cadence.optim.optimizers.ComposerScheduler` s or torch
             ``LRScheduler`` s, stepped once per batch.
         device_train_microbatch_size: samples per forward/backward; the batch's gradients
             are accumulated over microbatches and equal the full-batch gradient (each
@@ -83,7 +84,7 @@ class Trainer:
             function ``(algorithms, event) -> algorithms``, a ``(pass, index)`` pair, or a
             list of these; see :mod:`cadence.core.passes`.
         callbacks: :class:`~cadence.Callback` s.
-        loggers: :class:`~cadence.trainer.loggers.LoggerDestination` s.
+        loggers: :class:`~cadence.loggers.LoggerDestination` s.
         run_name: names the run in logs and paths; default ``run-<unix time>``.
         device: ``"cpu"``, ``"cuda"`` or None (CUDA when available, else CPU).
         dist_timeout: seconds a collective may wait for the other ranks before it fails
@@ -98,18 +99,18 @@ class Trainer:
         save_folder: where run artifacts go (metrics, later checkpoints); ``{run_name}`` in it
             is filled in. The file logger writes there unless given its own folder. An
             fsspec URL (``s3://bucket/runs/{run_name}``) saves to object storage through a
-            local stage (:mod:`~cadence.trainer.checkpoint.remote`; ``state.save_folder`` is
+            local stage (:mod:`~cadence.checkpoint.remote`; ``state.save_folder`` is
             then the stage, and the logs are uploaded at each save and at ``close()``).
         hyperparameters: logged once through every logger destination (e.g. the YAML config).
         parallelism_config: ``{"fsdp": {...}, "tp": {...}}`` or a parsed
-            :class:`~cadence.trainer.parallel.ParallelismConfig` (see
-            :mod:`cadence.trainer.parallel.config`): ``fsdp`` shards the model with FSDP2,
+            :class:`~cadence.parallel.ParallelismConfig` (see
+            :mod:`cadence.config.parallelism`): ``fsdp`` shards the model with FSDP2,
             ``tp`` adds tensor parallelism (the ranks of a tp group load the same batches);
             without it, a run of several ranks uses DDP.
         compile_config: ``torch.compile`` per transformer block (or the whole model), a dict
-            or a :class:`~cadence.trainer.parallel.compile.CompileConfig`; applied by the
+            or a :class:`~cadence.parallel.compile.CompileConfig`; applied by the
             parallelize plan after activation checkpointing and before TP and sharding; see
-            :mod:`cadence.trainer.parallel.plan`. Default: no compile.
+            :mod:`cadence.parallel.plan`. Default: no compile.
         save_filename, save_interval, save_num_checkpoints_to_keep, save_overwrite,
         save_weights_only, save_latest_filename: checkpointing into ``save_folder`` (a
             :class:`~cadence.callbacks.CheckpointSaver` is added when ``save_folder`` is set
@@ -124,7 +125,7 @@ class Trainer:
         load_weights_only: take only the model's weights from ``load_path``.
         load_strict_model_weights: the model's keys must match the checkpoint's.
         load_ignore_keys: glob patterns of what not to load (e.g. ``model/model.score.*``,
-            ``optimizers``, ``rng``); see :func:`~cadence.trainer.checkpoint.load_checkpoint`.
+            ``optimizers``, ``rng``); see :func:`~cadence.checkpoint.load_checkpoint`.
         autoresume: continue from the newest complete checkpoint of this ``run_name`` in
             ``save_folder`` (bit-exact on the same world size), else start fresh (or from
             ``load_path``). Needs ``save_folder`` and an explicit ``run_name``.
@@ -146,7 +147,7 @@ class Trainer:
             event fires.
         SaveFolderInUse: another live run holds ``save_folder`` (its lock file
             ``cadence.lock`` names the run's host, PID and start time); see
-            :mod:`cadence.trainer.checkpoint.lock`.
+            :mod:`cadence.checkpoint.lock`.
     """
 
     @release_on_error("_run_lock")  # a failed __init__ does not keep the save folder locked
@@ -305,7 +306,7 @@ class Trainer:
         if self._save_url is None or save_interval is None:
             return
         from cadence.callbacks.checkpoint_saver import CheckpointSaver
-        from cadence.trainer.checkpoint.files import find_latest_checkpoint
+        from cadence.checkpoint.files import find_latest_checkpoint
 
         fsdp = self.parallelism_config.fsdp
         fmt = state_dict_type or (fsdp.state_dict_type if fsdp is not None else "full")
@@ -331,14 +332,14 @@ class Trainer:
 
     def _checkpoint_metadata(self) -> dict[str, Any]:
         """The run's config, and for a HuggingFaceModel what export needs to rebuild it."""
-        from cadence.trainer.checkpoint.export import huggingface_metadata
+        from cadence.checkpoint.export import huggingface_metadata
 
         return {"config": self.hyperparameters, "mesh": mesh_layout(self.parallelism_config),
                 **huggingface_metadata(self.state.model)}
 
     def _parallelize(self, optimizers: list[torch.optim.Optimizer]) -> None:
         """Move the model to the device and apply the parallelize plan once (activation
-        checkpointing, compile, TP, FSDP2 / DDP; :mod:`cadence.trainer.parallel.plan`). A
+        checkpointing, compile, TP, FSDP2 / DDP; :mod:`cadence.parallel.plan`). A
         user's optimizer is pointed at the parameters TP and FSDP2 create anew."""
         state = self.state
         module = state.model

@@ -14,9 +14,9 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, TextIO, Union
 
 import torch
 
-from cadence.trainer import dist
-from cadence.trainer.core import Evaluator, Time, TimeUnit
-from cadence.trainer.core.state import as_list
+from cadence.utils import dist
+from cadence.core import Evaluator, Time, TimeUnit
+from cadence.core.state import as_list
 
 __all__ = [
     "EvalDataloader", "RUN_NAME_ENV_VARS", "agree_across_ranks", "as_evaluators", "as_list",
@@ -147,14 +147,14 @@ def console_destinations(destinations: list[Any], progress_bar: bool, log_to_con
                          console_log_interval: Union[int, str, Time]) -> list[Any]:
     """The destinations to add for console output.
 
-    ``log_to_console=True`` adds a :class:`~cadence.trainer.loggers.ConsoleLogger` printing
+    ``log_to_console=True`` adds a :class:`~cadence.loggers.ConsoleLogger` printing
     every ``console_log_interval`` to ``console_stream``; otherwise, with ``progress_bar``,
     the default progress destination (a bar on a terminal, plain lines elsewhere). Nothing
     is added when ``destinations`` already has a progress destination.
     """
     if any(getattr(d, "is_progress", False) for d in destinations):
         return []
-    from cadence.trainer.loggers import ConsoleLogger, default_progress_destination
+    from cadence.loggers import ConsoleLogger, default_progress_destination
 
     interval = Time.from_input(console_log_interval, TimeUnit.BATCH)
     if log_to_console:

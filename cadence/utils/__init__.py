@@ -1,7 +1,37 @@
-"""Small utilities shared across cadence."""
+"""Composer's ``composer.utils``: small utilities shared across cadence.
 
-from cadence.utils.interval import create_interval_scheduler
-from cadence.utils.precision import bf16_supported
-from cadence.utils.reproducibility import seed_all
+Submodules: :mod:`~cadence.utils.dist` (distributed helpers, also ``cadence.dist``),
+:mod:`~cadence.utils.reproducibility`, :mod:`~cadence.utils.misc`,
+:mod:`~cadence.utils.batch_helpers`, :mod:`~cadence.utils.device`,
+:mod:`~cadence.utils.precision`, :mod:`~cadence.utils.flops`. Names are imported on first
+use (:mod:`cadence._lazy`).
+"""
 
-__all__ = ["bf16_supported", "create_interval_scheduler", "seed_all"]
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cadence._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from cadence.utils import dist, reproducibility
+    from cadence.utils.batch_helpers import batch_get, batch_set
+    from cadence.utils.device import get_device
+    from cadence.utils.misc import create_interval_scheduler
+    from cadence.utils.precision import bf16_supported
+    from cadence.utils.reproducibility import seed_all
+
+_LAZY = {
+    "batch_get": "cadence.utils.batch_helpers",
+    "batch_set": "cadence.utils.batch_helpers",
+    "bf16_supported": "cadence.utils.precision",
+    "create_interval_scheduler": "cadence.utils.misc",
+    "dist": "cadence.utils.dist",
+    "get_device": "cadence.utils.device",
+    "reproducibility": "cadence.utils.reproducibility",
+    "seed_all": "cadence.utils.reproducibility",
+}
+
+__all__ = sorted(_LAZY)
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -1,7 +1,317 @@
-"""``cadence.utils.dist``: Composer's ``composer.utils.dist`` path for the distributed
-helpers of :mod:`cadence.trainer.dist` (where they live; also ``cadence.dist``)."""
+"""Distributed helpers with single-process defaults (re-exported as ``cadence.dist``).
+
+Ranks are read from ``torch.distributed`` when a process group exists, else from the
+environment variables torchrun sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``...), so
+they work before the process group is created. Collectives are no-ops in a single process;
+with ``WORLD_SIZE > 1`` and no process group they raise an error that says how to launch.
+
+Names follow Composer's ``composer.utils.dist``; the collectives wrap ``torch.distributed``.
+"""
 
 from __future__ import annotations
 
-from cadence.trainer.dist import *  # noqa: F401,F403
-from cadence.trainer.dist import __all__  # noqa: F401
+import atexit
+import datetime
+import functools
+import logging
+import os
+import sys
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional, TypeVar
+
+import torch
+import torch.distributed as torch_dist
+
+__all__ = [
+    "get_global_rank", "get_world_size", "get_local_rank", "get_local_world_size",
+    "get_node_rank", "is_available", "is_initialized", "initialize_dist", "get_dist_timeout",
+    "destroy_process_group_at_exit",
+    "barrier",
+    "all_reduce", "broadcast", "broadcast_object_list", "all_gather", "all_gather_object",
+    "get_sampler", "run_local_rank_zero_first", "local_rank_zero_download_and_wait",
+    "rank_zero_only", "get_rank_zero_logger",
+]
+
+T = TypeVar("T")
+
+_LAUNCH_HINT = (
+    "Launch every rank with torchrun (`torchrun --nproc_per_node N -m cadence train RUN.yaml` "
+    "or `cadence launch -n N RUN.yaml`), which sets RANK, WORLD_SIZE, MASTER_ADDR and "
+    "MASTER_PORT; the Trainer then calls cadence.dist.initialize_dist()."
+)
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"Environment variable {name}={value!r} must be an integer.") from None
+
+
+def is_available() -> bool:
+    """Whether ``torch.distributed`` is built in."""
+    return torch_dist.is_available()
+
+
+def is_initialized() -> bool:
+    """Whether a default process group exists."""
+    return torch_dist.is_available() and torch_dist.is_initialized()
+
+
+def get_global_rank() -> int:
+    """This process's rank among all processes (0 without a process group or ``RANK``)."""
+    if is_initialized():
+        return torch_dist.get_rank()
+    return _env_int("RANK", 0)
+
+
+def get_world_size() -> int:
+    """The number of processes (1 without a process group or ``WORLD_SIZE``)."""
+    if is_initialized():
+        return torch_dist.get_world_size()
+    return _env_int("WORLD_SIZE", 1)
+
+
+def get_local_rank() -> int:
+    """This process's rank on its node (``LOCAL_RANK``, default 0)."""
+    return _env_int("LOCAL_RANK", 0)
+
+
+def get_local_world_size() -> int:
+    """The number of processes on this node (``LOCAL_WORLD_SIZE``, default 1)."""
+    return _env_int("LOCAL_WORLD_SIZE", 1)
+
+
+def get_node_rank() -> int:
+    """This node's rank (``NODE_RANK``, else ``GROUP_RANK``, default 0)."""
+    return _env_int("NODE_RANK", _env_int("GROUP_RANK", 0))
+
+
+_dist_timeout_s = 600.0  # the run's dist_timeout, recorded by initialize_dist
+
+
+def initialize_dist(device: str | torch.device = "cpu", timeout: float = 600.0) -> None:
+    """Create the default process group from torchrun's environment, if there is more than one
+    process and no group yet. Backend: ``nccl`` for CUDA, ``gloo`` for CPU.
+
+    Args:
+        device: the device the run uses; picks the backend.
+        timeout: seconds a collective (and the group's creation) may wait for the other
+            ranks before it fails (default 600, Composer's ``dist_timeout``). A rank that
+            stops answering thus ends the job after ``timeout`` seconds instead of hanging it.
+            Recorded for the process groups cadence creates beside the default one
+            (:func:`get_dist_timeout`), also when the default group already exists.
+
+    Raises:
+        ValueError: ``timeout`` is not a positive number of seconds.
+        RuntimeError: ``WORLD_SIZE > 1`` but ``MASTER_ADDR``/``MASTER_PORT`` are missing.
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"dist_timeout must be a positive number of seconds, got {timeout!r} "
+                         f"(default 600).")
+    global _dist_timeout_s
+    _dist_timeout_s = float(timeout)
+    if is_initialized() or _env_int("WORLD_SIZE", 1) <= 1:
+        return
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT", "RANK") if name not in os.environ]
+    if missing:
+        raise RuntimeError(f"WORLD_SIZE > 1 but {', '.join(missing)} not set. {_LAUNCH_HINT}")
+    device_type = torch.device(device).type
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if device_type == "cuda":
+        torch.cuda.set_device(get_local_rank())
+    torch_dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
+    destroy_process_group_at_exit()
+
+
+_exit_hook_registered = False
+
+
+def destroy_process_group_at_exit() -> None:
+    """Destroy every process group when the interpreter exits normally (an ``atexit`` hook,
+    registered once; cadence calls it for every group it creates).
+
+    Gloo's worker threads may still be releasing the last collective's tensors when Python
+    finalizes; such a thread can no longer take the GIL, and the process aborts
+    (``terminate called without an active exception``, SIGABRT) after a run that succeeded,
+    failing its launch (an open PyTorch bug, pytorch/pytorch#190489). Destroying the groups
+    while the interpreter is whole joins those threads, but only once nothing else holds a
+    group: a ``DeviceMesh`` (FSDP2, tensor parallel) keeps it alive until finalization, so
+    ``cadence train`` also ends without finalizing (:func:`cadence.cli.exit_now`).
+    After an uncaught exception the hook does nothing: a collective still waiting on a dead
+    or hung peer would hold the exit for up to ``dist_timeout``.
+    """
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(_destroy_at_exit)
+        _exit_hook_registered = True
+
+
+def _destroy_at_exit() -> None:
+    if getattr(sys, "last_value", None) is not None:  # an uncaught exception ends the process
+        return
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def get_dist_timeout() -> datetime.timedelta:
+    """The run's ``dist_timeout`` (the last :func:`initialize_dist`'s ``timeout``; 600 s
+    before any), for every process group cadence creates beside the default one (the
+    asynchronous checkpoint's, the tensor-parallel metrics' ...): ``torch.distributed.new_group``
+    would otherwise give them torch's default (30 minutes for gloo), not the run's."""
+    return datetime.timedelta(seconds=_dist_timeout_s)
+
+
+def _needs_group(name: str) -> bool:
+    """True when a collective must run; raises if one is needed but cannot run."""
+    if is_initialized():
+        return torch_dist.get_world_size() > 1
+    if _env_int("WORLD_SIZE", 1) > 1:
+        raise RuntimeError(
+            f"cadence.dist.{name}() was called with WORLD_SIZE={os.environ['WORLD_SIZE']} but no "
+            f"process group exists. {_LAUNCH_HINT}"
+        )
+    return False
+
+
+def barrier() -> None:
+    """Wait for every rank (a no-op in one process)."""
+    if _needs_group("barrier"):
+        torch_dist.barrier()
+
+
+_REDUCE_OPS = {"sum": "SUM", "product": "PRODUCT", "min": "MIN", "max": "MAX",
+               "band": "BAND", "bor": "BOR", "bxor": "BXOR", "avg": "AVG"}
+
+
+def all_reduce(tensor: torch.Tensor, reduce_operation: str = "sum") -> None:
+    """Reduce ``tensor`` in place over all ranks.
+
+    Args:
+        tensor: any shape; the result lands in it on every rank.
+        reduce_operation: ``sum`` (default), ``product``, ``min``, ``max``, ``avg`` (NCCL
+            only), ``band``, ``bor``, ``bxor`` (case-insensitive).
+
+    Raises:
+        ValueError: unknown ``reduce_operation``.
+    """
+    op_name = _REDUCE_OPS.get(reduce_operation.lower())
+    if op_name is None:
+        raise ValueError(
+            f"reduce_operation {reduce_operation!r} is not one of: {', '.join(_REDUCE_OPS)}."
+        )
+    if _needs_group("all_reduce"):
+        torch_dist.all_reduce(tensor, op=getattr(torch_dist.ReduceOp, op_name))
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0) -> None:
+    """Copy ``tensor`` from rank ``src`` into every rank's ``tensor`` (same shape, dtype)."""
+    if _needs_group("broadcast"):
+        torch_dist.broadcast(tensor, src=src)
+
+
+def broadcast_object_list(object_list: list[Any], src: int = 0) -> None:
+    """Replace ``object_list``'s items on every rank with rank ``src``'s (pickled)."""
+    if _needs_group("broadcast_object_list"):
+        torch_dist.broadcast_object_list(object_list, src=src)
+
+
+def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``tensor`` (same shape on all ranks), in rank order."""
+    if not _needs_group("all_gather"):
+        return [tensor]
+    gathered = [torch.empty_like(tensor) for _ in range(torch_dist.get_world_size())]
+    torch_dist.all_gather(gathered, tensor)
+    return gathered
+
+
+def all_gather_object(obj: T) -> list[T]:
+    """Every rank's ``obj`` (picklable), in rank order."""
+    if not _needs_group("all_gather_object"):
+        return [obj]
+    gathered: list[Any] = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def get_sampler(
+    dataset: torch.utils.data.Dataset, *, drop_last: bool = False, shuffle: bool = False,
+    seed: int = 0, num_replicas: Optional[int] = None, rank: Optional[int] = None,
+) -> torch.utils.data.DistributedSampler:
+    """A ``DistributedSampler`` over ``dataset`` for this rank, so each rank sees distinct
+    samples. Use it for every map-style dataset in a multi-rank run; call
+    ``sampler.set_epoch(epoch)`` each epoch (the Trainer does this).
+
+    Args:
+        dataset: a map-style dataset.
+        drop_last: drop the tail so every rank gets the same number of samples (else the
+            tail is padded with repeated samples); default False, as in Composer.
+        shuffle: shuffle (seeded by ``seed`` and the epoch); default False, as in Composer.
+            Training loaders usually want ``shuffle=True``; pass it explicitly.
+        seed: the shuffle seed, the same on every rank; default 0 (cadence's addition).
+        num_replicas, rank: default the world size and this process's global rank.
+    """
+    return torch.utils.data.DistributedSampler(
+        dataset, num_replicas=get_world_size() if num_replicas is None else num_replicas,
+        rank=get_global_rank() if rank is None else rank, shuffle=shuffle, seed=seed,
+        drop_last=drop_last,
+    )
+
+
+@contextmanager
+def run_local_rank_zero_first() -> Iterator[None]:
+    """Local rank 0 runs the block first; the other local ranks wait, then run it (e.g. so
+    only one process per node builds a cache the others read)."""
+    if not _needs_group("run_local_rank_zero_first"):
+        yield
+        return
+    if get_local_rank() != 0:
+        torch_dist.barrier()
+    try:
+        yield
+    finally:
+        if get_local_rank() == 0:
+            torch_dist.barrier()
+
+
+def local_rank_zero_download_and_wait(expected_file_path: str) -> None:
+    """Wait until local rank 0 has made ``expected_file_path`` (call after rank 0 wrote it).
+
+    Raises:
+        FileNotFoundError: the file does not exist on this rank after rank 0 finished.
+    """
+    barrier()
+    if not os.path.exists(expected_file_path):
+        raise FileNotFoundError(
+            f"{expected_file_path} was not created by local rank 0; is the folder shared?"
+        )
+
+
+def rank_zero_only(fn: Callable[..., T]) -> Callable[..., Optional[T]]:
+    """Decorate ``fn`` to run on global rank 0 only (others return ``None``). The rank comes
+    from the environment, so it works before the process group exists."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Optional[T]:
+        if get_global_rank() == 0:
+            return fn(*args, **kwargs)
+        return None
+
+    return wrapped
+
+
+class _RankZeroFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return get_global_rank() == 0
+
+
+def get_rank_zero_logger(name: str) -> logging.Logger:
+    """A :mod:`logging` logger whose records are emitted on global rank 0 only."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _RankZeroFilter) for f in logger.filters):
+        logger.addFilter(_RankZeroFilter())
+    return logger
+

@@ -15,8 +15,8 @@ from cadence.algorithms import (
     ActivationCheckpointing, apply_activation_checkpointing, remove_activation_checkpointing,
 )
 from cadence.algorithms.activation_checkpointing import is_checkpointed
-from cadence.trainer.parallel import plan_fsdp_units
-from cadence.trainer.parallel.config import FSDPConfig
+from cadence.parallel import plan_fsdp_units
+from cadence.config.parallelism import FSDPConfig
 from tests.algorithms.algorithm_helpers import (
     CountingTokens, full, run_trainer, tiny_gpt, token_loader,
 )
@@ -148,7 +148,7 @@ def test_checkpointing_saves_less_activation_memory() -> None:
 
 @pytest.mark.world_size(2)
 def test_fsdp_same_losses_with_checkpointing() -> None:
-    from cadence.trainer.loggers import InMemoryLogger
+    from cadence.loggers import InMemoryLogger
 
     def losses(algorithms: list[Any]) -> tuple[list[float], Any]:
         memory = InMemoryLogger()

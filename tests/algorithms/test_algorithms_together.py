@@ -16,8 +16,8 @@ from cadence.algorithms import (
     EMA, ActivationCheckpointing, ChildTuning, GradientClipping, MixedPrecision,
 )
 from cadence.algorithms.activation_checkpointing import is_checkpointed
-from cadence.trainer.checkpoint import save_checkpoint
-from cadence.trainer.loggers import InMemoryLogger
+from cadence.checkpoint import save_checkpoint
+from cadence.loggers import InMemoryLogger
 from tests.algorithms.algorithm_helpers import full, run_trainer, tiny_gpt, token_loader
 
 

@@ -16,8 +16,8 @@ from cadence import Callback, State, Trainer, dist
 from cadence.algorithms import (
     ChildTuning, child_tuning_f_mask_, fisher_information, fisher_mask, top_fraction_threshold,
 )
-from cadence.trainer.checkpoint import save_checkpoint
-from cadence.trainer.parallel import unwrap_model
+from cadence.checkpoint import save_checkpoint
+from cadence.parallel import unwrap_model
 from tests.algorithms.algorithm_helpers import (
     CountingTokens, full, local, run_trainer, tiny_gpt,
 )

@@ -12,9 +12,9 @@ import torch
 
 from cadence import Callback, State, Trainer
 from cadence.algorithms import EMA, smoothing_from_half_life
-from cadence.trainer.checkpoint import save_checkpoint
-from cadence.trainer.core import Time
-from cadence.trainer.parallel import unwrap_model
+from cadence.checkpoint import save_checkpoint
+from cadence.core import Time
+from cadence.parallel import unwrap_model
 from tests.algorithms.algorithm_helpers import full, run_trainer, tiny_gpt, token_loader
 
 

@@ -11,7 +11,7 @@ import torch
 
 from cadence import Callback, State
 from cadence.algorithms import GradientClipping, apply_gradient_clipping
-from cadence.trainer.parallel.grad_norm import get_grad_norm
+from cadence.parallel.grad_norm import get_grad_norm
 from tests.algorithms.algorithm_helpers import full, run_trainer, tiny_gpt
 
 THRESHOLD = 0.05  # far below the tiny GPT's gradient norm (about 2-4)

@@ -12,9 +12,9 @@ import torch
 
 from cadence import Trainer
 from cadence.algorithms import MixedPrecision
-from cadence.trainer.checkpoint import save_checkpoint
-from cadence.trainer.loggers import InMemoryLogger
-from cadence.trainer.parallel.fsdp import is_norm_module, norm_mixed_precision_policy
+from cadence.checkpoint import save_checkpoint
+from cadence.loggers import InMemoryLogger
+from cadence.parallel.fsdp import is_norm_module, norm_mixed_precision_policy
 from cadence.utils import bf16_supported
 from tests.algorithms.algorithm_helpers import full, run_trainer, tiny_gpt
 from tests.common.models import SimpleModel, make_dataloader

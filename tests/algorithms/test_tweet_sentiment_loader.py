@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from cadence.trainer.data.sentiment import (
+from cadence.data.sentiment import (
     LABELS, load_tweets, minilm_dir, resolve_package_path, tweet_sentiment_dataloader,
 )
-from cadence.trainer.registry import datasets
+from cadence.config.registry import datasets
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_FILE = ROOT / "yamls" / "finetune_child_tuning.yaml"
@@ -88,7 +88,7 @@ def test_package_paths() -> None:
 
 
 def test_run_file_switches_child_tuning() -> None:
-    from cadence.trainer.config import load_config
+    from cadence.config.load import load_config
 
     assert load_config(RUN_FILE).algorithms == {
         "child_tuning": {"mode": "D", "reserve_p": 0.3, "fisher_batches": 4}}
@@ -98,8 +98,8 @@ def test_run_file_switches_child_tuning() -> None:
 
 
 def test_run_file_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cadence.trainer.build import build_trainer
-    from cadence.trainer.config import load_config
+    from cadence.config.build import build_trainer
+    from cadence.config.load import load_config
 
     monkeypatch.chdir(tmp_path)
     cfg = load_config(RUN_FILE, ["max_duration=2ba", "global_train_batch_size=4",

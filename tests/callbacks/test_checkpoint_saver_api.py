@@ -11,8 +11,8 @@ import torch
 
 from cadence import Trainer
 from cadence.callbacks.checkpoint_saver import CheckpointSaver
-from cadence.trainer.core import Event
-from cadence.trainer.loggers import LoggerDestination
+from cadence.core import Event
+from cadence.loggers import LoggerDestination
 from tests.common.models import SimpleModel, make_dataloader
 
 

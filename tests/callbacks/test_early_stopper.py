@@ -8,8 +8,8 @@ import torchmetrics
 
 from cadence import State, Time, Trainer
 from cadence.callbacks import EarlyStopper, ThresholdStopper
-from cadence.callbacks.early_stopper import lower_is_better
-from cadence.trainer.loggers import InMemoryLogger, Logger
+from cadence.callbacks.metric_watcher import lower_is_better
+from cadence.loggers import InMemoryLogger, Logger
 from tests.common.models import SimpleModel, make_dataloader
 
 

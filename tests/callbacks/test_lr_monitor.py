@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from cadence.callbacks import LRMonitor
-from cadence.trainer import registry
-from cadence.trainer.core import State, Time
-from cadence.trainer.loggers import InMemoryLogger, Logger
+from cadence.config import registry
+from cadence.core import State, Time
+from cadence.loggers import InMemoryLogger, Logger
 
 
 def test_logs_each_param_group() -> None:

@@ -9,7 +9,7 @@ import torch
 from cadence import State, Trainer
 from cadence.callbacks import MemoryMonitor
 from cadence.callbacks.memory_monitor import host_memory_report
-from cadence.trainer.loggers import InMemoryLogger, Logger
+from cadence.loggers import InMemoryLogger, Logger
 from tests.common.models import SimpleModel, make_dataloader
 
 

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from cadence import State, Trainer
 from cadence.callbacks import NaNMonitor
-from cadence.trainer.loggers import InMemoryLogger, Logger
+from cadence.loggers import InMemoryLogger, Logger
 from tests.common.models import SimpleModel, make_dataloader
 
 

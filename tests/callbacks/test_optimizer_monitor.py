@@ -10,8 +10,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from cadence import Callback, State, Trainer
 from cadence.callbacks import OptimizerMonitor
-from cadence.trainer import dist
-from cadence.trainer.loggers import InMemoryLogger
+from cadence.utils import dist
+from cadence.loggers import InMemoryLogger
 from tests.common.models import SimpleModel, make_dataloader
 
 
@@ -85,7 +85,7 @@ def test_composer_signature_and_defaults() -> None:
 
 
 def test_logs_decoupled_adamw_per_parameter_metrics() -> None:
-    from cadence.trainer.optimizers import DecoupledAdamW
+    from cadence.optim.decoupled_weight_decay import DecoupledAdamW
 
     memory = InMemoryLogger()
     torch.manual_seed(0)

@@ -8,7 +8,7 @@ import torch
 import cadence.callbacks.runtime_estimator as runtime_estimator_module
 from cadence import State, Time, Trainer
 from cadence.callbacks import RuntimeEstimator
-from cadence.trainer.loggers import InMemoryLogger, Logger
+from cadence.loggers import InMemoryLogger, Logger
 from tests.common.clock import FakeClock, install_fake_clock
 from tests.common.models import SimpleModel, make_dataloader
 

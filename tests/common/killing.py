@@ -35,7 +35,7 @@ def kill_now() -> None:
 
 
 class _KillOnReplace:
-    """Stands in for the ``os`` module inside ``cadence.trainer.checkpoint.checkpoint``: the
+    """Stands in for the ``os`` module inside ``cadence.checkpoint.checkpoint``: the
     save's rename of its finished temporary into place kills the process instead."""
 
     def __getattr__(self, name: str) -> Any:
@@ -88,7 +88,7 @@ class KillAt(Callback):
 
     def batch_checkpoint(self, state: State, logger: Any) -> None:
         import cadence.callbacks.checkpoint_saver as saver_module
-        import cadence.trainer.checkpoint.checkpoint as checkpoint_module
+        import cadence.checkpoint.checkpoint as checkpoint_module
 
         batch = int(state.timestamp.batch)
         if batch in self.during_save and self._first_time("during_save", batch):
@@ -104,7 +104,7 @@ class KillAt(Callback):
 
 def _kill_in_upload() -> None:
     """Make the next remote upload send its first file, then SIGKILL the process."""
-    from cadence.trainer.checkpoint.remote import RemoteFolder
+    from cadence.checkpoint.remote import RemoteFolder
 
     def upload_part(folder: RemoteFolder, local: Path, name: str, rank: int) -> None:
         first = min(local.iterdir()) if local.is_dir() else local

@@ -15,7 +15,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from cadence import Trainer
 from cadence.loss import loss_registry, soft_cross_entropy
 from cadence.models import ComposerClassifier, CrossEntropy, LossMetric, MaskedAccuracy
-from cadence.trainer.loggers import InMemoryLogger
+from cadence.loggers import InMemoryLogger
 from tests.common.models import make_dataloader
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cadence.models.metrics import LanguageCrossEntropy, LanguagePerplexity
+from cadence.metrics.nlp import LanguageCrossEntropy, LanguagePerplexity
 
 
 @pytest.mark.parametrize("vocab", [7, 128, 4096])

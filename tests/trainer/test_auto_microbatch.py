@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cadence import Callback, State, Trainer
-from cadence.trainer.config import load_config
+from cadence.config.load import load_config
 from tests.common.models import SimpleModel, make_dataloader
 
 
@@ -88,7 +88,7 @@ def test_auto_microbatching_under_fsdp2_two_ranks() -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     from cadence import dist
-    from cadence.trainer.parallel.grad_norm import get_grad_norm
+    from cadence.parallel.grad_norm import get_grad_norm
 
     class Norms(Callback):
         def __init__(self) -> None:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from cadence import ComposerModel, Trainer
-from cadence.trainer.microbatch import batch_to_device, num_samples, slice_batch, split_batch
+from cadence.core.data_spec import batch_to_device, num_samples, slice_batch, split_batch
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cadence import Callback, Evaluator, Event, State, Trainer
-from cadence.trainer.loggers import InMemoryLogger
+from cadence.loggers import InMemoryLogger
 from cadence.utils import create_interval_scheduler
 from tests.common.events import EventCounter
 from tests.common.models import SimpleModel, make_dataloader

@@ -1,0 +1,5 @@
+"""The package version (one place: ``pyproject.toml`` reads the same number)."""
+
+__all__ = ["__version__"]
+
+__version__ = "0.1.0"

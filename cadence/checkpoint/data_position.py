@@ -1,0 +1,338 @@
+"""Where the train dataloader is within its epoch, kept in the checkpoint so that a resumed
+run loads exactly the batches the uninterrupted run would have loaded.
+
+The timestamp says how many batches of the epoch were consumed (``batch_in_epoch``); this
+module says *which* batches they were. A ``DataLoader``'s epoch is decided by random draws
+made when its iterator is created: the workers' ``base_seed`` (from the loader's
+``generator``, else the global torch RNG) and the sampler's permutation (a ``RandomSampler``
+without a generator draws its seed from the global torch RNG; with one it draws from it).
+So at the start of every epoch the Trainer records the state of those RNGs
+(:func:`iter_epoch`); a checkpoint keeps that record per rank (:func:`save_data_position`),
+and a resume mid-epoch (:func:`load_data_position`, then :func:`iter_epoch`) sets the RNGs
+back to it, recreates the epoch's index order and worker seed, skips the consumed batches
+without loading them, and puts the RNGs back to the checkpoint's state, so every later draw
+(dropout, the next epoch's permutation) is the uninterrupted run's.
+
+What each kind of train dataloader gets on a resume mid-epoch:
+
+- ``torch.utils.data.DataLoader`` over a map-style dataset (any sampler: ``shuffle=True``,
+  a user ``generator``, ``cadence.dist.get_sampler``, a custom batch sampler; any
+  ``num_workers``): the exact order, nothing loaded twice or skipped. The workers get the
+  uninterrupted run's ``base_seed``; randomness drawn *inside* worker processes (a random
+  augmentation in ``__getitem__`` with ``num_workers > 0``) restarts from that seed at the
+  resume point, because a worker's RNG position depends on every sample it loaded before.
+- ``torchdata.stateful_dataloader.StatefulDataLoader``: its ``state_dict()`` is the record
+  and ``load_state_dict`` restores it, so iterable datasets that implement
+  ``state_dict``/``load_state_dict`` resume exactly without replay.
+- A ``DataLoader`` over an ``IterableDataset``: replayed (the consumed batches are loaded
+  again and dropped) from the recorded RNG state, with a warning.
+- Any other iterable: replayed from a fresh ``iter()`` with a warning
+  (:func:`~cadence.checkpoint.resume.skip_consumed_batches`).
+
+Assumptions: a sampler draws its randomness when its iteration starts (every torch sampler
+does), and nothing else draws from the global RNG between the epoch's ``iter()`` and its
+first batch. Checkpoint key: ``data`` (one entry per rank; ``load_ignore_keys=["data"]``
+skips it). Source: ``torch.utils.data.dataloader._BaseDataLoaderIter`` (where ``base_seed``
+is drawn), ``torchdata.stateful_dataloader``.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any, Iterator, Optional, Sized
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, Sampler
+
+from cadence.utils import dist
+
+__all__ = ["iter_epoch", "load_data_position", "save_data_position"]
+
+log = logging.getLogger(__name__)
+
+
+class _Tracker:
+    """What this process knows about one train dataloader's current epoch."""
+
+    def __init__(self) -> None:
+        self.origin: Optional[dict[str, Any]] = None  # RNG states the epoch was created from
+        self.seed_source: Optional[torch.Tensor] = None  # the state base_seed was drawn from
+        self.iterator: Any = None  # the last iterator iter() returned (persistent reuse)
+        self.restored: Optional[dict[str, Any]] = None  # from a checkpoint, for the next epoch
+
+
+_TRACKERS: weakref.WeakKeyDictionary[Any, _Tracker] = weakref.WeakKeyDictionary()
+
+
+def _tracker(dataloader: Any) -> Optional[_Tracker]:
+    try:
+        return _TRACKERS.setdefault(dataloader, _Tracker())
+    except TypeError:  # not weak-referenceable (a list, a generator): nothing to record
+        return None
+
+
+def _is_stateful_loader(dataloader: Any) -> bool:
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:  # pragma: no cover - torchdata is a dependency
+        return False
+    return isinstance(dataloader, StatefulDataLoader)
+
+
+def _generators(dataloader: DataLoader) -> list[torch.Generator]:
+    """The torch Generators the loader's epoch draws from (the loader's, its sampler's and
+    its batch sampler's sampler's), each once, in a fixed order."""
+    found: list[torch.Generator] = []
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
+    for owner in (dataloader, getattr(dataloader, "sampler", None), batch_sampler,
+                  getattr(batch_sampler, "sampler", None)):
+        gen = getattr(owner, "generator", None)
+        if isinstance(gen, torch.Generator) and gen.device.type == "cpu" and not any(
+                gen is g for g in found):
+            found.append(gen)
+    return found
+
+
+def _draw_base_seed(generator: Optional[torch.Generator]) -> None:
+    """The draw ``DataLoader`` makes for its workers' ``base_seed`` when an iterator is
+    created (``_BaseDataLoaderIter.__init__``), from ``generator`` or the global RNG."""
+    torch.empty((), dtype=torch.int64).random_(generator=generator)
+
+
+def _seed_generator(state: torch.Tensor) -> torch.Generator:
+    generator = torch.Generator()
+    generator.set_state(state)
+    return generator
+
+
+def _persistent(dataloader: DataLoader) -> bool:
+    return bool(dataloader.persistent_workers and dataloader.num_workers > 0)
+
+
+# ---------------------------------------------------------------------------- the epoch
+def iter_epoch(dataloader: Any, epoch: int, batch_in_epoch: int,
+               length: Optional[int]) -> tuple[Iterator[Any], Optional[int]]:
+    """An iterator over the rest of ``dataloader``'s current epoch, and how many batches it
+    will yield (None if unknown).
+
+    Call once per epoch, after the sampler's ``set_epoch``. At ``batch_in_epoch == 0`` this is
+    ``iter(dataloader)``, with the RNG states it is created from recorded for the checkpoint;
+    after a resume mid-epoch it continues the epoch exactly (see the module docstring).
+
+    Args:
+        dataloader: the train dataloader (any iterable).
+        epoch: the epoch being iterated (``int(state.timestamp.epoch)``).
+        batch_in_epoch: batches of this epoch already consumed (before a checkpoint).
+        length: ``len(dataloader)`` if it has one, else None.
+    """
+    tracker = _tracker(dataloader)
+    restored = None if tracker is None else tracker.restored
+    if tracker is not None:
+        tracker.restored = None
+    remaining = None if length is None else max(0, length - batch_in_epoch)
+    if restored is not None and restored.get("kind") == "stateful" and _is_stateful_loader(
+            dataloader):
+        return _resume_stateful(dataloader, restored["state"], batch_in_epoch), remaining
+    if restored is not None and restored.get("kind") == "origin" and isinstance(
+            dataloader, DataLoader) and tracker is not None:
+        _restore_generators(dataloader, restored, batch_in_epoch)
+        if restored.get("seed_source") is not None:
+            tracker.seed_source = restored["seed_source"]
+        if batch_in_epoch > 0:
+            if restored.get("epoch") == epoch:
+                return _resume_dataloader(dataloader, tracker, restored, batch_in_epoch,
+                                          length)
+            log.warning("The checkpoint's data position is for epoch %s, the timestamp says "
+                        "epoch %d: skipping %d batches without the recorded RNG state (the "
+                        "order may differ from the uninterrupted run).", restored.get("epoch"),
+                        epoch, batch_in_epoch)
+    if batch_in_epoch > 0:  # no usable record (an older checkpoint, another world size...)
+        from cadence.checkpoint.resume import skip_consumed_batches
+
+        return skip_consumed_batches(dataloader, batch_in_epoch)
+    if tracker is None or not isinstance(dataloader, DataLoader) or _is_stateful_loader(
+            dataloader):
+        return iter(dataloader), length
+    return _start_epoch(dataloader, tracker, epoch), length
+
+
+def _start_epoch(dataloader: DataLoader, tracker: _Tracker, epoch: int) -> Iterator[Any]:
+    """``iter(dataloader)``, recording the RNG states it is created from."""
+    torch_state = torch.get_rng_state()
+    generator_states = [g.get_state() for g in _generators(dataloader)]
+    seed_state = (dataloader.generator.get_state() if dataloader.generator is not None
+                  else torch_state)
+    reused_before = tracker.iterator is not None and _persistent(dataloader)
+    if _persistent(dataloader) and tracker.iterator is None and tracker.seed_source is not None:
+        # the uninterrupted run created its persistent iterator in an earlier epoch: its
+        # workers' seed comes from that epoch's record, and no new draw is made now
+        own = dataloader.generator
+        dataloader.generator = _seed_generator(tracker.seed_source)
+        try:
+            iterator = iter(dataloader)
+        finally:
+            dataloader.generator = own
+        drew_seed = False
+    else:
+        iterator = iter(dataloader)
+        drew_seed = not (reused_before and iterator is tracker.iterator)
+        if drew_seed:
+            tracker.seed_source = seed_state
+    tracker.iterator = iterator
+    tracker.origin = {"kind": "origin", "epoch": epoch, "torch": torch_state,
+                      "generators": generator_states, "drew_seed": drew_seed,
+                      "seed_source": tracker.seed_source}
+    return iterator
+
+
+def _restore_generators(dataloader: DataLoader, restored: dict[str, Any],
+                        batch_in_epoch: int) -> None:
+    """At an epoch boundary, the loader's generators continue from the checkpoint's state;
+    mid-epoch, from the epoch's start (the epoch is then recreated from it)."""
+    states = restored["generators"] if batch_in_epoch > 0 else restored["generators_now"]
+    generators = _generators(dataloader)
+    if len(states) != len(generators):
+        log.warning("The checkpoint recorded %d generators of the train dataloader, this run's "
+                    "has %d: they are not restored.", len(states), len(generators))
+        return
+    for generator, state in zip(generators, states):
+        generator.set_state(state)
+
+
+class _Remaining(Sampler[Any]):
+    """The rest of an index iterator already advanced past the consumed batches."""
+
+    def __init__(self, indices: Iterator[Any], length: Optional[int]) -> None:
+        self.indices, self.length = indices, length
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.indices
+
+    def __len__(self) -> int:
+        if self.length is None:
+            raise TypeError("the remaining sampler has no length")
+        return self.length
+
+
+def _loader_options(dataloader: DataLoader) -> dict[str, Any]:
+    """The constructor arguments of ``dataloader`` besides its dataset and index order."""
+    options: dict[str, Any] = {
+        "num_workers": dataloader.num_workers, "collate_fn": dataloader.collate_fn,
+        "pin_memory": dataloader.pin_memory, "timeout": dataloader.timeout,
+        "worker_init_fn": dataloader.worker_init_fn,
+        "multiprocessing_context": dataloader.multiprocessing_context,
+        "pin_memory_device": dataloader.pin_memory_device,
+    }
+    if dataloader.num_workers > 0:
+        options["prefetch_factor"] = dataloader.prefetch_factor
+    if hasattr(dataloader, "in_order"):
+        options["in_order"] = dataloader.in_order
+    return options
+
+
+def _resume_dataloader(dataloader: DataLoader, tracker: _Tracker, origin: dict[str, Any],
+                       skip: int, length: Optional[int]) -> tuple[Iterator[Any], Optional[int]]:
+    """The rest of the epoch ``origin`` recorded, ``skip`` batches in."""
+    tracker.origin = origin  # a checkpoint later in this epoch records the same start
+    now = torch.get_rng_state()
+    try:
+        torch.set_rng_state(origin["torch"])
+        if isinstance(dataloader.dataset, IterableDataset):
+            log.warning("Resuming mid-epoch by replaying %d batches of a DataLoader over an "
+                        "IterableDataset (use torchdata's StatefulDataLoader to resume without "
+                        "replay).", skip)
+            iterator = iter(dataloader)
+            for _ in range(skip):
+                next(iterator)
+            return iterator, None if length is None else max(0, length - skip)
+        if origin["drew_seed"]:
+            _draw_base_seed(dataloader.generator)  # as the epoch's iter() did, before sampling
+        index_sampler: Any = (dataloader.batch_sampler if dataloader.batch_sampler is not None
+                              else dataloader.sampler)
+        indices = iter(index_sampler)
+        for consumed in range(skip):
+            try:
+                next(indices)
+            except StopIteration:
+                raise ValueError(
+                    f"The checkpoint is {skip} batches into the epoch, but the train "
+                    f"dataloader's epoch has only {consumed} batches: the dataset or batch "
+                    f"size changed since the checkpoint.") from None
+    finally:
+        torch.set_rng_state(now)
+    total = len(index_sampler) if isinstance(index_sampler, Sized) else None
+    rest = _Remaining(indices, None if total is None else max(0, total - skip))
+    seed_source = origin.get("seed_source")
+    generator = _seed_generator(seed_source) if seed_source is not None else None
+    if dataloader.batch_sampler is not None:
+        resumed = DataLoader(dataloader.dataset, batch_sampler=rest, generator=generator,
+                             **_loader_options(dataloader))
+    else:
+        resumed = DataLoader(dataloader.dataset, batch_size=None, sampler=rest,
+                             generator=generator, **_loader_options(dataloader))
+    now = torch.get_rng_state()
+    iterator = iter(resumed)  # draws the workers' base_seed from ``generator`` only
+    torch.set_rng_state(now)
+    return iterator, rest.length
+
+
+def _resume_stateful(dataloader: Any, state: dict[str, Any], batch_in_epoch: int
+                     ) -> Iterator[Any]:
+    """A StatefulDataLoader's iterator restored from ``state``, without drawing from the RNGs
+    (the uninterrupted run drew when it created the epoch's iterator, before the checkpoint).
+    At an epoch boundary, the next epoch's iterator, created after the restored one (whose
+    sampler and dataset state it continues) is exhausted."""
+    torch_state = torch.get_rng_state()
+    dataloader.load_state_dict(state)
+    dataloader.state_dict()  # creates the restored iterator (and draws a base seed)
+    torch.set_rng_state(torch_state)  # (generators stay as the restored sampler set them)
+    iterator = iter(dataloader)  # the restored iterator, or a new one if it had finished
+    if batch_in_epoch > 0 or state.get("_iterator_finished", False):
+        return iterator
+    try:  # a sized epoch ends without the StopIteration that marks the iterator finished
+        next(iterator)
+        log.warning("The StatefulDataLoader's state at this epoch boundary was not at the "
+                    "end of its epoch; a new epoch starts anyway.")
+    except StopIteration:
+        pass
+    # a new epoch's iterator: one draw, from the checkpoint's RNG state, as uninterrupted
+    return iter(dataloader)
+
+
+# ---------------------------------------------------------------------------- checkpoint
+def _local_position(dataloader: Any) -> dict[str, Any]:
+    if _is_stateful_loader(dataloader):
+        return {"kind": "stateful", "state": dataloader.state_dict()}
+    tracker = _TRACKERS.get(dataloader) if dataloader is not None else None
+    if tracker is None or tracker.origin is None or not isinstance(dataloader, DataLoader):
+        return {"kind": "none"}
+    return {**tracker.origin,
+            "generators_now": [g.get_state() for g in _generators(dataloader)]}
+
+
+def save_data_position(state: Any) -> list[dict[str, Any]]:
+    """Every rank's train dataloader position (a collective: every rank calls it), as plain
+    values and tensors (loadable with ``torch.load(weights_only=True)``)."""
+    try:
+        local = _local_position(state.train_dataloader)
+    except TypeError:  # not weak-referenceable
+        local = {"kind": "none"}
+    return dist.all_gather_object(local)
+
+
+def load_data_position(state: Any, saved: Optional[list[dict[str, Any]]]) -> None:
+    """Keep this rank's entry of ``saved`` (from :func:`save_data_position`) for the next
+    :func:`iter_epoch` of ``state.train_dataloader``. A checkpoint from another world size
+    (or without the entry) leaves the dataloader as built."""
+    if not saved or state.train_dataloader is None:
+        return
+    if len(saved) != dist.get_world_size():
+        log.info("The checkpoint's data position is for %d ranks, this run has %d: each rank "
+                 "skips its consumed batches in its own order.", len(saved),
+                 dist.get_world_size())
+        return
+    tracker = _tracker(state.train_dataloader)
+    entry = saved[dist.get_global_rank()]
+    if tracker is not None and entry.get("kind") != "none":
+        tracker.restored = dict(entry)

@@ -1,0 +1,219 @@
+"""Checkpoint paths on disk: names, atomic writes, the ``latest`` pointer, finding the
+newest complete checkpoint, and removing a run's stale temporaries.
+
+A checkpoint is complete once it has its final name: it is written under a temporary name
+in the same folder and renamed (``os.replace``, atomic on POSIX) only after every rank has
+finished writing. The ``latest`` pointer is a small text file naming a checkpoint, itself
+replaced atomically and only after the rename, so it never points at half a checkpoint. The
+pointer is only ever resolved inside its own folder.
+
+Temporaries are named ``<final name>.tmp-<run tag>-<random>``, the run tag being a hash of
+the run's name (:func:`run_tag`), so a starting run can tell its own stale temporaries
+(from a killed save) from another run's and removes only its own
+(:func:`remove_stale_temporaries`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+from cadence.checkpoint.errors import CheckpointError
+
+__all__ = [
+    "TMP_MARK", "EXTRA_FILE", "METADATA_FILE", "MANIFEST_FILE", "format_name", "is_complete",
+    "atomic_write_bytes", "manifest_path", "run_tag",
+    "temporary_path", "write_latest", "read_latest", "checkpoint_candidates",
+    "find_latest_checkpoint", "remove_checkpoint", "remove_stale_temporaries",
+]
+
+TMP_MARK = ".tmp-"  # in the name of anything still being written
+EXTRA_FILE = "extra.pt"  # a sharded checkpoint's non-sharded part (rank 0 writes it)
+METADATA_FILE = ".metadata"  # written by torch.distributed.checkpoint when a save completes
+MANIFEST_FILE = "manifest.json"  # a sharded checkpoint's checksums, inside its directory
+
+
+def run_tag(run_name: str) -> str:
+    """8 hex digits identifying ``run_name`` in the names of its temporaries."""
+    return hashlib.sha1(run_name.encode()).hexdigest()[:8]
+
+
+def temporary_path(path: Path, run_name: str, token: Optional[str] = None) -> Path:
+    """Where ``path`` is written before its rename: ``<name>.tmp-<run tag>-<token>`` (pass
+    the same ``token`` on every rank; a random one by default)."""
+    token = token if token is not None else secrets.token_hex(4)
+    return path.with_name(f"{path.name}{TMP_MARK}{run_tag(run_name)}-{token}")
+
+
+def manifest_path(checkpoint: Path) -> Path:
+    """The checksum manifest of the sharded checkpoint directory ``checkpoint`` (a full
+    file carries its checksum inside, see :mod:`~cadence.checkpoint.manifest`)."""
+    return checkpoint / MANIFEST_FILE
+
+
+def format_name(template: str, *, run_name: str, epoch: int, batch: int, rank: int = 0) -> str:
+    """Fill ``{run_name}``, ``{epoch}``, ``{batch}`` and ``{rank}`` in a checkpoint name.
+
+    Raises:
+        ValueError: the template has another field (the message lists the allowed ones).
+    """
+    try:
+        return template.format(run_name=run_name, epoch=int(epoch), batch=int(batch),
+                               rank=int(rank))
+    except (KeyError, IndexError) as exc:
+        raise ValueError(
+            f"save_filename {template!r} has an unknown field {exc}; allowed: {{run_name}}, "
+            f"{{epoch}}, {{batch}}, {{rank}}."
+        ) from None
+
+
+def is_complete(path: Path) -> bool:
+    """Whether ``path`` is a finished checkpoint: a full file, or a sharded directory with
+    torch.distributed.checkpoint's metadata and cadence's extra file; never a temporary."""
+    if TMP_MARK in path.name or not path.exists():
+        return False
+    if path.is_dir():
+        return (path / METADATA_FILE).is_file() and (path / EXTRA_FILE).is_file()
+    return path.is_file() and path.stat().st_size > 0
+
+
+def atomic_write_bytes(path: Path, data: bytes, run_name: Optional[str] = None) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder, then rename
+    (with ``run_name``, the temporary carries its :func:`run_tag`). A failed write removes
+    its temporary."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tag = f"{run_tag(run_name)}-" if run_name is not None else ""
+    fd, tmp = tempfile.mkstemp(prefix=f"{path.name}{TMP_MARK}{tag}", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_latest(folder: Path, latest_filename: str, checkpoint_name: str) -> None:
+    """Point ``folder/latest_filename`` at ``checkpoint_name`` (atomically)."""
+    atomic_write_bytes(folder / latest_filename, (checkpoint_name + "\n").encode())
+
+
+def _pointed_name(pointer: Path) -> Path:
+    """The checkpoint path that ``pointer`` names, relative to its folder.
+
+    Raises:
+        CheckpointError: the pointer holds binary data or an empty name, or names something
+            outside its folder (an absolute path, ``..``, a symlink leading out).
+    """
+    raw = pointer.read_bytes()
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        text = None
+    if not text or any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+        what = "is empty" if text == "" else f"holds binary data ({raw[:16]!r}...)"
+        raise CheckpointError(
+            f"The latest pointer {pointer} {what}, not the name of a checkpoint in its folder. "
+            f"Delete it: autoresume then picks the newest complete checkpoint of the run.")
+    name = Path(text)
+    folder = pointer.parent
+    inside = not name.is_absolute() and ".." not in name.parts
+    if inside:
+        try:
+            (folder / name).resolve().relative_to(folder.resolve())
+        except ValueError:
+            inside = False  # a symlink leading out of the folder
+    if not inside:
+        raise CheckpointError(
+            f"The latest pointer {pointer} names {text!r}, which is outside its folder "
+            f"{folder}; a pointer may only name a checkpoint inside its own folder. Delete "
+            f"the pointer (autoresume then picks the newest complete checkpoint of the run), "
+            f"or pass the checkpoint you mean as load_path.")
+    return name
+
+
+def read_latest(folder: Path, latest_filename: str) -> Optional[Path]:
+    """The checkpoint the pointer names, if the pointer exists and the checkpoint is complete.
+
+    Raises:
+        CheckpointError: the pointer holds garbage or names a path outside ``folder``.
+    """
+    pointer = folder / latest_filename
+    if not pointer.is_file():
+        return None
+    target = folder / _pointed_name(pointer)
+    return target if is_complete(target) else None
+
+
+def checkpoint_candidates(folder: Path, latest_filename: str,
+                          belongs: Optional[Callable[[Path], bool]] = None) -> Iterator[Path]:
+    """Complete checkpoints in ``folder``, newest first: the one ``latest`` names, then the
+    others for which ``belongs(path)`` holds, most recently modified first (lazily: a
+    consumer that stops at the first pays for one). Temporaries, partial directories and
+    symlinks (Composer's ``latest-rank0.pt``) are skipped.
+
+    Raises:
+        CheckpointError: the ``latest`` pointer holds garbage or names a path outside
+            ``folder`` (see :func:`read_latest`).
+    """
+    if not folder.is_dir():
+        return
+    pointed = read_latest(folder, latest_filename)
+    if pointed is not None:
+        yield pointed
+    candidates = [p for p in folder.iterdir()
+                  if p.name != latest_filename and not p.is_symlink()  # latest-rank0.pt
+                  and (p.is_dir() or p.suffix == ".pt")
+                  and p != pointed and is_complete(p)]
+    candidates.sort(key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    yield from (p for p in candidates if belongs is None or belongs(p))
+
+
+def find_latest_checkpoint(folder: Path, latest_filename: str,
+                           belongs: Optional[Callable[[Path], bool]] = None) -> Optional[Path]:
+    """The newest complete checkpoint in ``folder``: the one ``latest`` names, else the most
+    recently modified complete one for which ``belongs(path)`` holds (e.g. written by this
+    run); temporaries and partial directories are skipped.
+
+    Raises:
+        CheckpointError: the ``latest`` pointer holds garbage or names a path outside
+            ``folder`` (see :func:`read_latest`).
+    """
+    return next(checkpoint_candidates(folder, latest_filename, belongs), None)
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint or a temporary, file or directory (missing is fine). A symlink is
+    removed itself, never followed: the checkpoint it points to stays."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def remove_stale_temporaries(folder: Path, run_name: str, latest_filename: str) -> list[Path]:
+    """Remove run ``run_name``'s temporaries left in ``folder`` by saves that were killed:
+    those whose name carries the run's :func:`run_tag`, and temporaries of the run's
+    ``latest`` pointer. Another run's temporaries (another tag) are left alone. Call when the
+    run starts, before it saves (the run-folder lock keeps a second live run of the same name
+    out of the folder).
+
+    Returns:
+        The paths removed.
+    """
+    if not folder.is_dir():
+        return []
+    own = f"{TMP_MARK}{run_tag(run_name)}-"
+    removed = []
+    for path in folder.iterdir():
+        if own in path.name or path.name.startswith(latest_filename + TMP_MARK):
+            remove_checkpoint(path)
+            removed.append(path)
+    return sorted(removed)

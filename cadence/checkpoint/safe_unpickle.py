@@ -1,0 +1,194 @@
+"""Reading the pickles in a checkpoint without running code from them.
+
+A pickle can name any importable callable and call it while loading (``__reduce__``); a
+checkpoint is data, so every pickle cadence reads goes through an unpickler that admits
+only what a checkpoint needs:
+
+- ``.pt`` files (a full checkpoint, a sharded checkpoint's ``extra.pt``) and the non-tensor
+  values inside DCP shards: ``torch.load(weights_only=True)``, torch's own restricted
+  unpickler (tensors and their rebuild functions, ``torch.Size``, dtypes, builtins
+  containers and scalars).
+- DCP's ``.metadata``, which ``torch.distributed.checkpoint.FileSystemReader.read_metadata``
+  reads with plain ``pickle.load``: :class:`CheckpointUnpickler` through
+  :class:`SafeFileSystemReader`, which admits DCP's metadata dataclasses, ``torch.Size``,
+  dtypes / layouts / memory formats, ``pathlib`` paths and plain builtins, and nothing else
+  (no tensors: DCP never pickles one into ``.metadata``).
+
+A refused object raises :class:`~cadence.checkpoint.errors.CheckpointError` naming
+the file and the refused global, before the global is looked up, so nothing from it runs.
+
+:class:`SafeFileSystemReader` also names the shard file when one is missing or shorter than
+``.metadata`` says (DCP's own reader reports a bare zip error).
+
+Source: the Python docs, "Restricting Globals" (``pickle.Unpickler.find_class``); PyTorch's
+``torch._weights_only_unpickler``; ``torch.distributed.checkpoint.filesystem``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import pathlib
+import pickle
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.distributed.checkpoint.metadata as dcp_metadata
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+from torch.futures import Future
+
+from cadence.checkpoint.errors import CheckpointError
+
+__all__ = ["CheckpointUnpickler", "RefusedGlobal", "SafeFileSystemReader", "load_pickle",
+           "refused_global"]
+
+_SAFE_BUILTINS = frozenset({
+    "bool", "bytearray", "bytes", "complex", "dict", "float", "frozenset", "int", "list",
+    "range", "set", "slice", "str", "tuple",
+})
+_SAFE_PATHS = frozenset({"Path", "PosixPath", "PurePath", "PurePosixPath", "PureWindowsPath",
+                         "WindowsPath"})
+_TORCH_VALUE_TYPES = (torch.dtype, torch.layout, torch.memory_format)
+
+
+class RefusedGlobal(pickle.UnpicklingError):
+    """A pickle names a global that is not allowed in a checkpoint (``global_name``)."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.global_name = f"{module}.{name}"
+        super().__init__(f"GLOBAL {self.global_name} is not allowed in a checkpoint")
+
+
+def refused_global(exc: BaseException) -> Optional[str]:
+    """``Unsupported global: GLOBAL pkg.Class ...`` when ``exc`` is
+    ``torch.load(weights_only=True)``'s refusal (its message is mostly advice on loading
+    unsafely), else None."""
+    text = str(exc)
+    if "WeightsUnpickler error: Unsupported global:" not in text:
+        return None  # random bytes also fail in the WeightsUnpickler, as another error
+    return text.split("WeightsUnpickler error:", 1)[1].split(". Please", 1)[0].strip()
+
+
+def _allowed(module: str, name: str) -> bool:
+    if module == "builtins":
+        return name in _SAFE_BUILTINS
+    if module == "collections":
+        return name == "OrderedDict"
+    if module == "pathlib":
+        return name in _SAFE_PATHS
+    if module == "torch":
+        return name == "Size" or isinstance(getattr(torch, name, None), _TORCH_VALUE_TYPES)
+    if module == "torch.serialization":
+        return name == "_get_layout"  # how torch.layout pickles: _get_layout("torch.strided")
+    if module == dcp_metadata.__name__:  # Metadata, TensorStorageMetadata, ... (dataclasses)
+        obj = getattr(dcp_metadata, name, None)
+        return isinstance(obj, type) and obj.__module__ == module
+    if module == _StorageInfo.__module__:
+        return name == _StorageInfo.__name__
+    return False
+
+
+class CheckpointUnpickler(pickle.Unpickler):
+    """A ``pickle.Unpickler`` that admits only the globals a DCP ``.metadata`` needs (see
+    the module docstring) and refuses the rest with :class:`RefusedGlobal` before importing
+    anything. Persistent ids (how tensors' storages pickle) are refused too."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if not _allowed(module, name):
+            raise RefusedGlobal(module, name)
+        if module == "builtins":
+            return getattr(builtins, name)
+        if module == "pathlib":
+            return getattr(pathlib, name)
+        return super().find_class(module, name)
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("persistent ids (tensor storages) are not allowed here")
+
+
+def load_pickle(path: Path) -> Any:
+    """Unpickle the file at ``path`` with :class:`CheckpointUnpickler`.
+
+    Raises:
+        CheckpointError: the file does not exist, holds an object that is not allowed in a
+            checkpoint, or is not a complete pickle (each message names the file).
+    """
+    try:
+        with open(path, "rb") as f:
+            return CheckpointUnpickler(f).load()
+    except FileNotFoundError:
+        raise CheckpointError(f"Checkpoint file {path} does not exist.") from None
+    except RefusedGlobal as exc:
+        raise CheckpointError(
+            f"Checkpoint file {path} holds an object that is not allowed in a checkpoint "
+            f"({exc.global_name}); it was not loaded and nothing in it ran. A checkpoint "
+            f"written by cadence holds none: do not load a file whose origin you do not trust."
+        ) from None
+    except Exception as exc:  # EOFError, UnpicklingError, ... of a truncated or garbled file
+        raise CheckpointError(
+            f"Checkpoint file {path} cannot be read: it is truncated or corrupt. Load an "
+            f"earlier checkpoint. ({type(exc).__name__}: {str(exc)[:300]})") from exc
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """``torch.distributed.checkpoint.FileSystemReader`` that unpickles ``.metadata`` with
+    :class:`CheckpointUnpickler` (DCP's own uses plain ``pickle.load``), reads shard files
+    only inside the checkpoint directory, and names the shard file that is missing,
+    truncated or unreadable.
+
+    Raises (from ``read_metadata`` / ``read_data``):
+        CheckpointError: see :func:`load_pickle`; a shard file shorter than ``.metadata``
+            says; a shard whose data cannot be read.
+    """
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = Path(self._get_metadata_path(kwargs.get("rank")))
+        metadata = load_pickle(path)
+        if not isinstance(metadata, Metadata):
+            raise CheckpointError(f"Checkpoint file {path} holds a {type(metadata).__name__}, "
+                                  f"not torch.distributed.checkpoint metadata.")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Read ``plan`` one shard file at a time, so an error names its file."""
+        per_file: dict[str, list[Any]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path,
+                                []).append(item)
+        for relative_path, items in per_file.items():
+            shard = Path(self.path) / relative_path
+            if Path(relative_path).name != relative_path or relative_path in ("", ".", ".."):
+                raise CheckpointError(
+                    f"{Path(self.path) / '.metadata'} places data in {relative_path!r}, which "
+                    f"is not a file of its checkpoint directory; refusing to read it.")
+            self._check_length(shard, items)
+            try:
+                super().read_data(dataclasses.replace(plan, items=items), planner).wait()
+            except CheckpointError:
+                raise
+            except Exception as exc:
+                if refused_global(exc) is not None:
+                    raise  # not corrupt: an object torch.load(weights_only=True) refuses
+                raise CheckpointError(
+                    f"Shard file {shard} cannot be read: it is truncated or corrupt. Load an "
+                    f"earlier checkpoint. ({type(exc).__name__}: {str(exc)[:300]})") from exc
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _check_length(self, shard: Path, items: list[Any]) -> None:
+        """A shard shorter than the data ``.metadata`` places in it is truncated."""
+        needed = max(self.storage_data[i.storage_index].offset
+                     + self.storage_data[i.storage_index].length for i in items)
+        size = shard.stat().st_size  # FileNotFoundError names the file: left as it is
+        if size < needed:
+            raise CheckpointError(
+                f"Shard file {shard} is truncated: {size} bytes, but its checkpoint's .metadata "
+                f"places data up to byte {needed}. Load an earlier checkpoint.")

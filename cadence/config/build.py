@@ -1,0 +1,212 @@
+"""Build a :class:`~cadence.Trainer` from a checked :class:`~cadence.config.load.TrainConfig`.
+
+The order follows llm-foundry's ``train.py``: seed, model, dataloaders, optimizer, schedule,
+algorithms, callbacks, loggers, then the Trainer. Every component comes from its registry
+(:mod:`cadence.config.registry`) by name or dotted import path::
+
+    model      = models.get(name)(**kwargs)
+    loader     = datasets.get(name)(batch_size=<per-device batch>, **kwargs)
+    optimizer  = optimizers.get(name)(model.parameters(), **kwargs)
+    scheduler  = schedulers.get(name)(**kwargs)
+    callbacks  = [callbacks.get(name)(**kwargs) for name, kwargs in section.items()]
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from cadence.config import registry
+from cadence.utils import dist
+from cadence.config.load import (
+    ConfigError, ConfigProblem, Precision, TrainConfig, check_global_batch_size, config_to_dict,
+    validate_config,
+)
+
+if TYPE_CHECKING:
+    from cadence.config.parallelism import ParallelismConfig
+    from cadence.trainer.trainer import Trainer
+
+__all__ = ["build_trainer", "per_device_batch_size"]
+
+
+def per_device_batch_size(global_batch_size: int, world_size: int) -> int:
+    """Samples each rank loads per optimizer step: ``global_batch_size / world_size``.
+
+    Raises:
+        ConfigError: ``global_batch_size`` is not a multiple of ``world_size``.
+    """
+    problems = check_global_batch_size(global_batch_size, world_size)
+    if problems:
+        raise ConfigError(problems)
+    return global_batch_size // world_size
+
+
+def build_trainer(cfg: TrainConfig) -> Trainer:
+    """Build every component named in ``cfg`` and the :class:`~cadence.Trainer` that runs them.
+
+    ``random``, NumPy and torch are seeded with ``cfg.seed`` (the same on every rank) before
+    the model is built, so its initial weights are reproducible and identical across ranks;
+    the Trainer then seeds each rank with ``seed + rank`` for the run itself.
+
+    Args:
+        cfg: the run config (from :func:`~cadence.config.load.load_config`, or built in
+            Python; it is checked again here).
+
+    Returns:
+        The Trainer, ready for ``fit()``; ``hyperparameters`` holds the config as a plain dict.
+
+    Raises:
+        ConfigError: the config has problems (every check of
+            :func:`~cadence.config.load.load_config`, run again here: nothing is built
+            when one fails), or a component's constructor rejected its arguments with a
+            ``ValueError`` (the message names the section; the original is chained).
+            Errors of the Trainer itself (a checkpoint that does not load, a save folder in
+            use) are not config problems and propagate unchanged.
+    """
+    validate_config(cfg)
+    from cadence.trainer.trainer import Trainer  # lazy: keep config loading light
+    from cadence.utils.reproducibility import seed_all
+
+    from cadence.parallel import data_parallel_size, parse_parallelism_config
+    from cadence.parallel.compile import parse_compile_config
+
+    # parsed once, here where the run file enters; the Trainer and the plan take these
+    parallelism = parse_parallelism_config(cfg.parallelism_config)
+    compile_config = parse_compile_config(cfg.compile_config, prefix="compile_config")
+    # the ranks of one tensor-parallel group load the same samples
+    train_batch = per_device_batch_size(cfg.global_train_batch_size,
+                                        data_parallel_size(parallelism))
+    eval_batch = cfg.device_eval_batch_size or train_batch
+    seed_all(cfg.seed)
+
+    model = _build_model(cfg, parallelism)
+    train_dataloader = _build("train_loader", registry.datasets, cfg.train_loader,
+                              batch_size=train_batch)
+    eval_dataloader = None
+    if cfg.eval_loader is not None:
+        eval_dataloader = _build("eval_loader", registry.datasets, cfg.eval_loader,
+                                 batch_size=eval_batch)
+    optimizer = None
+    if cfg.optimizer is not None:
+        optimizer = _build("optimizer", registry.optimizers, cfg.optimizer,
+                           positional=(model.parameters(),))
+    scheduler = None
+    if cfg.scheduler is not None:
+        scheduler = _build("scheduler", registry.schedulers, cfg.scheduler)
+    algorithms = _build_all("algorithms", registry.algorithms, cfg.algorithms)
+    callbacks = _build_all("callbacks", registry.callbacks, cfg.callbacks)
+    loggers = _build_all("loggers", registry.loggers, cfg.loggers)
+
+    _share_tokenizer(model, train_dataloader)
+    return Trainer(
+        model=model,
+        train_dataloader=train_dataloader,
+        max_duration=cfg.max_duration,
+        eval_dataloader=eval_dataloader,
+        eval_interval=cfg.eval_interval,
+        eval_subset_num_batches=cfg.eval_subset_num_batches,
+        optimizers=optimizer,
+        schedulers=scheduler,
+        device_train_microbatch_size=cfg.device_train_microbatch_size,
+        precision=Precision(cfg.precision).value,
+        seed=cfg.seed,
+        algorithms=algorithms,
+        callbacks=callbacks,
+        loggers=loggers,
+        run_name=cfg.run_name,
+        device=cfg.device,
+        dist_timeout=cfg.dist_timeout,
+        progress_bar=cfg.progress_bar,
+        log_interval=cfg.log_interval,
+        save_folder=cfg.save_folder,
+        hyperparameters=config_to_dict(cfg),
+        parallelism_config=parallelism,
+        compile_config=compile_config,
+        save_filename=cfg.save_filename,
+        save_interval=cfg.save_interval,
+        save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
+        save_overwrite=cfg.save_overwrite,
+        save_weights_only=cfg.save_weights_only,
+        save_latest_filename=cfg.save_latest_filename,
+        save_state_dict_type=cfg.save_state_dict_type,
+        save_async=cfg.save_async,
+        load_path=cfg.load_path,
+        load_weights_only=cfg.load_weights_only,
+        load_strict_model_weights=cfg.load_strict_model_weights,
+        load_ignore_keys=list(cfg.load_ignore_keys),
+        autoresume=cfg.autoresume,
+    )
+
+
+def _share_tokenizer(model: Any, train_dataloader: Any) -> None:
+    """Give a model without a tokenizer (``gpt2`` trained from scratch) the tokenizer of its
+    training data (the text datasets keep theirs as ``dataset.tokenizer``), so checkpoints
+    carry it and ``cadence convert --to hf`` writes it next to the weights."""
+    if not hasattr(model, "tokenizer") or model.tokenizer is not None:
+        return
+    tokenizer = getattr(getattr(train_dataloader, "dataset", None), "tokenizer", None)
+    if tokenizer is not None:
+        model.tokenizer = tokenizer
+
+
+def _build_model(cfg: TrainConfig, parallelism: ParallelismConfig) -> Any:
+    """The model; on the meta device on ranks other than 0 when FSDP's
+    ``cpu_ram_efficient_loading`` is set (rank 0 reads the weights and broadcasts them after
+    sharding). A builder that takes ``init_device`` is given ``init_device="meta"``; any
+    other is called under ``torch.device("meta")``."""
+    fsdp = parallelism.fsdp
+    if fsdp is None or not fsdp.cpu_ram_efficient_loading or dist.get_global_rank() == 0:
+        return _build("model", registry.models, cfg.model)
+    import inspect
+
+    import torch
+
+    builder = registry.models.get(cfg.model["name"])
+    if "init_device" in inspect.signature(builder).parameters:
+        return _build("model", registry.models, cfg.model, init_device="meta")
+    with torch.device("meta"):
+        return _build("model", registry.models, cfg.model)
+
+
+def _build(
+    section: str,
+    reg: registry.Registry[Callable[..., Any]],
+    spec: Mapping[str, Any],
+    positional: tuple[Any, ...] = (),
+    **filled: Any,
+) -> Any:
+    """``reg.get(spec["name"])(*positional, **filled, **rest_of_spec)``."""
+    kwargs = {k: v for k, v in spec.items() if k != "name"}
+    return _construct(section, reg, spec["name"], positional, {**filled, **kwargs})
+
+
+def _build_all(
+    section: str,
+    reg: registry.Registry[Callable[..., Any]],
+    specs: Mapping[str, Mapping[str, Any]],
+) -> list[Any]:
+    """One component per ``name: {kwargs}`` entry, in order."""
+    return [_construct(f"{section}.{name}", reg, name, (), dict(kwargs or {}))
+            for name, kwargs in specs.items()]
+
+
+def _construct(
+    path: str,
+    reg: registry.Registry[Callable[..., Any]],
+    name: str,
+    positional: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    target = reg.get(name)
+    try:
+        return target(*positional, **kwargs)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError([ConfigProblem(path, (
+            f"{reg.kind} {name!r} rejected its arguments {_short(kwargs)}: {exc}"))]) from exc
+
+
+def _short(kwargs: Mapping[str, Any], limit: int = 200) -> str:
+    text = repr(dict(kwargs))
+    return text if len(text) <= limit else text[: limit - 3] + "..."

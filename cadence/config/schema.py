@@ -1,0 +1,410 @@
+"""The schema of a run file and the first stage of its check, which imports no torch.
+
+:class:`TrainConfig` is the schema: one typed field per top-level key. :func:`check_schema`
+is the check's first stage (issue 15): unknown keys (with "did you mean"), field types,
+enum values, Time strings, the ``parallelism_config`` keys, registry names and each
+component's argument names and types. It reads what is registered from the light index
+(:mod:`cadence.config.registry_index`) and from what this process has already registered
+or imported, so a typo is reported without importing torch, transformers or any component
+module. Components it cannot see without importing (a dotted path to user code not yet
+imported) are left to the second stage, :mod:`cadence.config.values`, which
+imports the components and checks the values; :func:`cadence.config.load.load_config`
+runs the two in order.
+
+``from __future__ import annotations`` is safe here: OmegaConf 2.4 resolves the dataclass
+fields' string annotations with :func:`typing.get_type_hints`, so every type used in a field
+annotation must be importable at module level (as they are).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from cadence.config import registry
+from cadence.config.arg_types import describe, mismatch
+from cadence.config.errors import (
+    ConfigProblem, choice_message, did_you_mean, first_line, show,
+)
+from cadence.core.time import Time, TimeUnit
+from cadence.core.precision import Precision
+from cadence.config.registry_index import component_spec, indexed_names, lookup
+
+__all__ = ["TrainConfig", "check_schema", "argument_problems", "Section", "SINGLE_SECTIONS",
+           "MULTI_SECTIONS", "LOADER_FILLED_ARGS"]
+
+#: Devices a run file may name; ``null`` means CUDA when available, else CPU.
+_DEVICES = ("cpu", "cuda")
+
+#: Loader arguments cadence passes itself (from the batch-size keys), so a run file must not.
+LOADER_FILLED_ARGS = ("batch_size",)
+
+
+@dataclass
+class TrainConfig:
+    """One training run, as written in a YAML run file.
+
+    Time values are strings in :class:`~cadence.Time` syntax (``"2ep"``, ``"100ba"``,
+    ``"4096sp"``, ``"1e6tok"``, ``"0.5dur"``), checked when the config is loaded.
+
+    Args:
+        max_duration: how long to train (Time string). Required; not in ``dur``.
+        global_train_batch_size: samples per optimizer step over all ranks; each rank loads
+            ``global_train_batch_size / world_size`` (must divide). Required.
+        model: ``{name: <registered model or dotted path>, **constructor kwargs}``. Required.
+        train_loader: ``{name: <registered dataset or dotted path>, **kwargs}``; the builder
+            passes ``batch_size`` itself. Required.
+        run_name: names the run in logs and paths; default (from a file)
+            ``<file stem>-<YYYYmmdd-HHMMSS>``, or with ``autoresume`` the file stem alone (a
+            relaunch of the same file must find the earlier attempt's checkpoints).
+        seed: seeds ``random``, NumPy and torch before the model is built (all ranks alike)
+            and is passed to the Trainer; in ``[0, 2**32)``. Default 17 (llm-foundry's).
+        eval_interval: how often to evaluate (Time string); default ``"1ep"``.
+        eval_subset_num_batches: eval batches per evaluation; ``-1`` (default) for all.
+        device_train_microbatch_size: samples per forward/backward; ``None`` (default): the
+            whole per-device batch; ``auto``: the largest that fits (halved on out-of-memory).
+        device_eval_batch_size: eval samples per rank per batch; ``None`` (default): the
+            per-device train batch size.
+        precision: ``fp32`` (default), ``amp_bf16`` or ``amp_fp16``.
+        device: ``None`` (default: CUDA when available, else CPU), ``"cpu"`` or ``"cuda"``;
+            ``cuda`` on a machine without CUDA is refused when the config is loaded.
+        dist_timeout: seconds a collective may wait for the other ranks before the job fails
+            (Composer's name; default 600); see the Trainer argument of the same name.
+        progress_bar: show a progress bar; default True.
+        log_interval: how often the training loss is logged (Time string); default ``"10ba"``.
+        save_folder: where run artifacts go; default none.
+        eval_loader: like ``train_loader``, built with ``device_eval_batch_size``; optional.
+        optimizer: ``{name: adamw|adam|sgd|<dotted path>, **kwargs}``, built as
+            ``cls(model.parameters(), **kwargs)``; default: the Trainer's (AdamW).
+        scheduler: ``{name: <registered schedule or dotted path>, **kwargs}``; optional.
+        algorithms: ``{name: {kwargs}}``, applied in this order.
+        callbacks: ``{name: {kwargs}}``.
+        loggers: ``{name: {kwargs}}``.
+        parallelism_config: ``{fsdp: {...}, tp: {...}}``: ``fsdp`` shards with FSDP2 (keys and
+            their FSDP2 meaning: :mod:`cadence.config.parallelism`), ``tp``
+            (``tensor_parallel_degree``, ``layer_plan``) adds tensor parallelism
+            (:mod:`cadence.parallel.tp`); null: DDP when launched on several ranks.
+        compile_config: ``torch.compile`` settings (``{enabled, mode, fullgraph, dynamic,
+            backend, per_block}``; see :mod:`cadence.parallel.compile`); null: none.
+        save_filename, save_interval, save_num_checkpoints_to_keep, save_overwrite,
+        save_weights_only, save_latest_filename, save_state_dict_type, save_async, load_path,
+        load_weights_only, load_strict_model_weights, load_ignore_keys, autoresume: the
+            Trainer's checkpoint arguments of the same names (checkpoints are written only
+            when ``save_folder`` is set).
+        variables: free-form values for interpolation (``${variables.seq_len}``); not read
+            by the trainer (llm-foundry's convention).
+    """
+
+    max_duration: str = MISSING
+    global_train_batch_size: int = MISSING
+    model: Dict[str, Any] = MISSING
+    train_loader: Dict[str, Any] = MISSING
+    run_name: Optional[str] = None
+    seed: int = 17
+    eval_interval: str = "1ep"
+    eval_subset_num_batches: int = -1
+    device_train_microbatch_size: Optional[Any] = None  # int or "auto", checked below
+    device_eval_batch_size: Optional[int] = None
+    precision: Precision = Precision.FP32
+    device: Optional[str] = None
+    dist_timeout: float = 600.0
+    progress_bar: bool = True
+    log_interval: str = "10ba"
+    save_folder: Optional[str] = None
+    eval_loader: Optional[Dict[str, Any]] = None
+    optimizer: Optional[Dict[str, Any]] = None
+    scheduler: Optional[Dict[str, Any]] = None
+    algorithms: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    callbacks: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    loggers: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    parallelism_config: Optional[Dict[str, Any]] = None
+    compile_config: Optional[Dict[str, Any]] = None
+    save_filename: str = "ep{epoch}-ba{batch}"
+    save_interval: Optional[str] = "1ep"
+    save_num_checkpoints_to_keep: int = -1
+    save_overwrite: bool = False
+    save_weights_only: bool = False
+    save_latest_filename: str = "latest-{run_name}"
+    save_state_dict_type: Optional[str] = None
+    save_async: bool = False
+    load_path: Optional[str] = None
+    load_weights_only: bool = False
+    load_strict_model_weights: bool = True
+    load_ignore_keys: List[str] = field(default_factory=list)
+    autoresume: bool = False
+    variables: Dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# Component sections: which registry, and which arguments the builder fills itself.
+
+
+@dataclass(frozen=True)
+class Section:
+    """How a component section is built: from ``registry``; an optimizer's first positional
+    argument (``params``) and a loader's ``filled`` arguments are passed by cadence."""
+
+    registry: registry.Registry[Any]
+    skip_first_positional: bool = False   # optimizers: ``params``
+    filled: tuple[str, ...] = ()          # loaders: ``batch_size``
+
+
+SINGLE_SECTIONS: dict[str, Section] = {
+    "model": Section(registry.models),
+    "train_loader": Section(registry.datasets, filled=LOADER_FILLED_ARGS),
+    "eval_loader": Section(registry.datasets, filled=LOADER_FILLED_ARGS),
+    "optimizer": Section(registry.optimizers, skip_first_positional=True),
+    "scheduler": Section(registry.schedulers),
+}
+MULTI_SECTIONS: dict[str, Section] = {
+    "algorithms": Section(registry.algorithms),
+    "callbacks": Section(registry.callbacks),
+    "loggers": Section(registry.loggers),
+}
+_TIME_FIELDS = ("max_duration", "eval_interval", "log_interval", "save_interval")
+_BATCH_KEY_FOR = {
+    "train_loader": "global_train_batch_size", "eval_loader": "device_eval_batch_size",
+}
+_REQUIRED_HINTS = {
+    "max_duration": "how long to train, a Time string such as '2ep' or '1000ba'.",
+    "global_train_batch_size": "samples per optimizer step over all ranks, e.g. 16.",
+    "model": "a mapping such as {name: gpt2, n_layer: 4}.",
+    "train_loader": "a mapping such as {name: shakespeare, split: train}.",
+}
+_EXAMPLE_NAME = {
+    "model": "gpt2", "train_loader": "shakespeare", "eval_loader": "shakespeare",
+    "optimizer": "adamw", "scheduler": "cosine_decay_with_warmup",
+    "algorithms": "gradient_clipping", "callbacks": "lr_monitor", "loggers": "file",
+}
+_SCHEMA = OmegaConf.structured(TrainConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# The first stage.
+
+
+def check_schema(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[ConfigProblem]]:
+    """Check the schema of a plain (resolved) config, importing no component.
+
+    Args:
+        raw: the config as plain Python values (overrides applied, interpolations resolved).
+
+    Returns:
+        ``(typed, problems)``: the values OmegaConf typed against :class:`TrainConfig`
+        (``"5"`` -> ``5`` for an int field) for the keys that passed, and every problem found
+        (unknown keys, wrong types, bad enum values or Time strings, missing required keys,
+        bad ``parallelism_config`` keys, unknown component names, component arguments that
+        the component does not take or of the wrong type, missing required arguments).
+    """
+    problems: list[ConfigProblem] = []
+    hints = typing.get_type_hints(TrainConfig)
+    allowed = [f.name for f in dataclasses.fields(TrainConfig)]
+    typed: dict[str, Any] = {}
+
+    for key, value in raw.items():
+        if key not in hints:
+            problems.append(ConfigProblem(str(key), (
+                f"unknown key.{did_you_mean(str(key), allowed)} Allowed top-level keys: "
+                f"{', '.join(allowed)}.")))
+            continue
+        value, problem = _normalize_field(key, value)
+        if problem is not None:
+            problems.append(problem)
+            continue
+        try:
+            converted = OmegaConf.merge(_SCHEMA, {key: value})
+        except OmegaConfBaseException as exc:
+            path = str(getattr(exc, "full_key", None) or key)
+            problems.append(ConfigProblem(
+                path, f"{show(value)} is not {describe(hints[key])} ({first_line(exc)})."))
+            continue
+        typed[key] = OmegaConf.to_container(converted, resolve=True)[key]
+        problems.extend(_field_schema_problems(key, typed[key]))
+
+    for f in dataclasses.fields(TrainConfig):
+        if f.default is MISSING and f.name not in raw:
+            problems.append(ConfigProblem(f.name, f"is required: {_REQUIRED_HINTS[f.name]}"))
+
+    for section, spec in SINGLE_SECTIONS.items():
+        if isinstance(typed.get(section), dict):
+            kwargs = {k: v for k, v in typed[section].items() if k != "name"}
+            problems.extend(_component_problems(
+                section, typed[section].get("name"), kwargs, spec, name_path=f"{section}.name"))
+    for section, spec in MULTI_SECTIONS.items():
+        for name, kwargs in (typed.get(section) or {}).items():
+            path = f"{section}.{name}"
+            problems.extend(_component_problems(path, name, kwargs, spec, name_path=path))
+    return typed, problems
+
+
+def _normalize_field(key: str, value: Any) -> tuple[Any, Optional[ConfigProblem]]:
+    """Per-field fixes and checks OmegaConf's own conversion would get wrong or word poorly."""
+    if key == "precision" and not isinstance(value, Precision):
+        allowed = [p.value for p in Precision]
+        text = str(value).lower() if isinstance(value, str) else None
+        if text in allowed:
+            return Precision(text), None
+        return value, ConfigProblem(key, choice_message(value, allowed))
+    if key in MULTI_SECTIONS:
+        if value is None:
+            return {}, None
+        if not isinstance(value, dict):
+            return value, ConfigProblem(key, (
+                f"expected a mapping of name -> arguments such as "
+                f"{{{_EXAMPLE_NAME[key]}: {{}}}}, got {show(value)}."))
+        for name, kwargs in value.items():
+            if kwargs is not None and not isinstance(kwargs, dict):
+                return value, ConfigProblem(f"{key}.{name}", (
+                    f"expected a mapping of constructor arguments (or {{}} / null), got "
+                    f"{show(kwargs)}."))
+        return {name: dict(kwargs or {}) for name, kwargs in value.items()}, None
+    if key in SINGLE_SECTIONS and value is not None and not isinstance(value, dict):
+        return value, ConfigProblem(key, (
+            f"expected a mapping such as {{name: {_EXAMPLE_NAME[key]}, ...}}, got {show(value)}."))
+    return value, None
+
+
+def _field_schema_problems(key: str, value: Any) -> list[ConfigProblem]:
+    """Schema checks of a typed top-level value: Time strings, enums, nested keys."""
+    if key in _TIME_FIELDS and value is not None:
+        try:
+            time = Time.from_timestring(value)
+        except ValueError as exc:
+            return [ConfigProblem(key, str(exc))]
+        if key == "max_duration" and time.unit == TimeUnit.DURATION:
+            return [ConfigProblem(key, (
+                f"{value!r} is in 'dur', a fraction of max_duration itself; give it in 'ep', 'ba', "
+                f"'sp' or 'tok'."))]
+    if key == "device_train_microbatch_size" and value is not None and value != "auto" and (
+            isinstance(value, bool) or not isinstance(value, int)):
+        return [ConfigProblem(key, f"{value!r} must be a positive int, 'auto' or null.")]
+    if key == "save_state_dict_type" and value not in (None, "full", "sharded"):
+        return [ConfigProblem(key, choice_message(value, ["full", "sharded", "null"]))]
+    if key == "device" and value is not None and value not in _DEVICES:
+        return [ConfigProblem(key, choice_message(value, [*_DEVICES, "null"]))]
+    if key == "compile_config" and value is not None:  # the backend name waits for stage 2
+        from cadence.config.compile import compile_config_problems
+
+        return [ConfigProblem(path, message) for path, message
+                in compile_config_problems(value, prefix=key, check_backend=False)]
+    if key == "parallelism_config":
+        from cadence.config.parallelism import check_parallelism_config
+
+        _, problems = check_parallelism_config(value, prefix=key, import_paths=False)
+        return [ConfigProblem(path, message) for path, message in problems]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# Components: names and argument names and types.
+
+#: A component the first stage cannot see without importing it (user code).
+_DEFERRED: dict[str, Any] = {"target": "<deferred>", "params": None}
+
+
+def _component_problems(
+    path: str, name: Any, kwargs: Mapping[str, Any], section: Section, name_path: str
+) -> list[ConfigProblem]:
+    """Check a component's ``name`` and its arguments ``kwargs`` (from the index)."""
+    reg = section.registry
+    kwargs = dict(kwargs)
+    problems = []
+    for filled in section.filled:
+        if filled in kwargs:
+            problems.append(ConfigProblem(f"{path}.{filled}", (
+                f"is set by cadence, not in the loader section; use the top-level "
+                f"{_BATCH_KEY_FOR.get(path, 'global_train_batch_size')} instead (the train "
+                f"loader gets global_train_batch_size / world_size per rank, the eval loader "
+                f"device_eval_batch_size).")))
+            kwargs.pop(filled)
+    if name is None:
+        registered = ", ".join(_known_names(reg)) or "none registered"
+        problems.append(ConfigProblem(name_path, (
+            f"is required: the registered {reg.kind} to build (one of {registered}) or a dotted "
+            f"import path.")))
+        return problems
+    if not isinstance(name, str):
+        problems.append(
+            ConfigProblem(name_path, f"expected a {reg.kind} name (a string), got {show(name)}."))
+        return problems
+    spec = _visible_spec(reg, name)
+    if spec is None:
+        problems.append(ConfigProblem(
+            name_path, registry.unknown_name_message(reg.kind, name, _known_names(reg))))
+        return problems
+    problems.extend(argument_problems(path, reg.kind, name, spec, kwargs, section))
+    return problems
+
+
+def _known_names(reg: registry.Registry[Any]) -> list[str]:
+    return sorted(set(indexed_names(reg.kind)) | set(reg.names_so_far()))
+
+
+def _visible_spec(reg: registry.Registry[Any], name: str) -> Optional[dict[str, Any]]:
+    """The argument spec of ``name`` without importing anything: what this process has
+    registered, else the index, else a dotted path into an already imported module; a
+    dotted path to a module not yet imported is deferred; ``None`` for an unknown name."""
+    registered = reg.peek(name)
+    if registered is not None:
+        return component_spec(registered)
+    indexed = lookup(reg.kind, name)
+    if indexed is not None:
+        return indexed
+    if "." not in name and ":" not in name:
+        return None
+    module_name, _, attr = name.partition(":") if ":" in name else name.rpartition(".")
+    target = getattr(sys.modules.get(module_name), attr, None)
+    return component_spec(target) if callable(target) else _DEFERRED
+
+
+_NAMED_KINDS = ("POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY")
+
+
+def argument_problems(
+    path: str,
+    kind: str,
+    name: str,
+    spec: Mapping[str, Any],
+    kwargs: Mapping[str, Any],
+    section: Section,
+) -> list[ConfigProblem]:
+    """Check ``kwargs`` against a component's argument spec
+    (:func:`cadence.config.registry_index.component_spec`): unknown names (with "did you
+    mean"), types, missing required arguments, and that a loader takes ``batch_size``."""
+    params = spec["params"]
+    if params is None:
+        return []  # no signature to check against (some builtins), or deferred
+    if section.skip_first_positional and params and params[0]["kind"] in (
+            "POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD"):
+        params = params[1:]
+    takes_any = any(p["kind"] == "VAR_KEYWORD" for p in params)
+    named = {p["name"]: p for p in params if p["kind"] in _NAMED_KINDS}
+    label = f"{kind} {name!r} ({spec['target']})"
+    problems = []
+    for filled in section.filled:
+        if named.pop(filled, None) is None and not takes_any:
+            problems.append(ConfigProblem(path, (
+                f"{label} does not take {filled!r}, which cadence passes to every {kind}; "
+                f"add a {filled} parameter to it.")))
+    for key, value in kwargs.items():
+        param = named.get(key)
+        if param is None:
+            if not takes_any:
+                problems.append(ConfigProblem(f"{path}.{key}", (
+                    f"unknown argument for {label}.{did_you_mean(key, list(named))} It takes: "
+                    f"{', '.join(named) or 'no arguments'}.")))
+            continue
+        expected = mismatch(param.get("type"), value)
+        if expected is not None:
+            problems.append(ConfigProblem(f"{path}.{key}", f"{show(value)} {expected}"))
+    for param in named.values():
+        if param.get("required") and param["name"] not in kwargs:
+            problems.append(ConfigProblem(
+                f"{path}.{param['name']}", f"is required by {label} (it has no default)."))
+    return problems

@@ -1,0 +1,55 @@
+"""The :class:`Algorithm` base class: something that changes a run at chosen events.
+
+Source: MosaicML Composer's ``Algorithm`` (``composer/core/algorithm.py``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
+
+from cadence.core.event import Event
+
+if TYPE_CHECKING:
+    from cadence.core.state import State
+
+__all__ = ["Algorithm"]
+
+
+class Algorithm(ABC):
+    """Base class for algorithms: :meth:`match` says when, :meth:`apply` does it.
+
+    Algorithms may change :class:`~cadence.State` (the model, the gradients, the batch).
+    Callbacks may not; they observe.
+
+    Attributes:
+        events: the events this algorithm can ever match, or ``None`` for "any". The Engine
+            calls :meth:`match` only on these, so an algorithm that names its events costs
+            nothing on the others (most algorithms should set it).
+    """
+
+    events: ClassVar[Optional[frozenset[Event]]] = None
+
+    @property
+    def name(self) -> str:
+        """The algorithm's name, used in logs: its class name."""
+        return type(self).__name__
+
+    @abstractmethod
+    def match(self, event: Event, state: State) -> bool:
+        """Whether to run :meth:`apply` on ``event``."""
+
+    @abstractmethod
+    def apply(self, event: Event, state: State, logger: Any) -> None:
+        """Do the algorithm's work on ``event``; may modify ``state``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What this algorithm needs saved in a checkpoint (default: nothing)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        del state
+
+    def close(self) -> None:
+        """Release resources. Called once at the end of a run; must be safe to call twice."""

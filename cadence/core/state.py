@@ -1,0 +1,383 @@
+"""The :class:`State` of a run: everything algorithms and callbacks may read.
+
+Source: MosaicML Composer's ``State`` (``composer/core/state.py``): same constructor
+arguments (``State(model, rank_zero_seed, run_name, device, max_duration=..., dataloader=...,
+dataloader_label=..., ...)``), so a Composer callback's test builds one the same way.
+
+Differences from Composer, on purpose:
+
+- ``state.device`` is a :class:`torch.device` (the constructor also takes a
+  ``cadence.devices.Device``, ``"cpu"``, ``"gpu"`` or ``"cuda"``); the whole loop moves
+  tensors with it directly.
+- ``state.precision`` is the precision's string value (``"fp32"``, ``"amp_bf16"``), which
+  compares equal to the ``Precision`` enum member.
+- ``state.stop_training()`` (Composer's method) and ``state.stop_training = True`` (cadence's
+  flag) both end ``fit`` after the current batch; ``bool(state.stop_training)`` says whether
+  it was asked. Composer shrinks ``max_duration`` instead, which loses the planned length.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import torch
+
+from cadence.core.evaluator import Evaluator
+from cadence.core.time import Time, TimeUnit, Timestamp
+
+__all__ = ["State"]
+
+
+def as_list(value: Any) -> list[Any]:
+    """``value`` as a list: ``[]`` for None, a list or tuple's items, else ``[value]``."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+def _as_torch_device(device: Any) -> torch.device:
+    """A ``torch.device`` from a ``torch.device``, a string or a ``cadence.devices.Device``."""
+    if device is None:
+        return torch.device("cpu")
+    if isinstance(device, torch.device):
+        return device
+    if isinstance(device, str):
+        return torch.device("cuda" if device == "gpu" else device)
+    for attr in ("torch_device", "_device"):  # cadence.devices.Device (and Composer's)
+        inner = getattr(device, attr, None)
+        if isinstance(inner, torch.device):
+            return inner
+    raise TypeError(f"State(device=...) takes a torch.device, 'cpu', 'gpu' or a Device, got "
+                    f"{type(device).__name__}.")
+
+
+class _StopTraining:
+    """``state.stop_training``: call it (Composer) or assign ``True`` (cadence); truthy once
+    asked."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, state: State) -> None:
+        self._state = state
+
+    def __call__(self) -> None:
+        """End ``fit`` after the current batch (Composer's ``State.stop_training()``)."""
+        self._state._stop_training = True
+
+    def __bool__(self) -> bool:
+        return self._state._stop_training
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self) == other if isinstance(other, bool) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<stop_training: {bool(self)}>"
+
+
+class State:
+    """Everything about a run that algorithms and callbacks can see.
+
+    Args:
+        model: the model (after parallelize: possibly DDP/FSDP wrapped).
+        rank_zero_seed: the seed on rank 0; rank ``r`` uses ``rank_zero_seed + r``. Default 0.
+        run_name: names the run in logs and checkpoint paths. Default ``"run"``.
+        device: where the model runs: a ``torch.device``, ``"cpu"``/``"gpu"``/``"cuda"``, or a
+            ``cadence.devices.Device``; stored as a ``torch.device``. Default CPU.
+        max_duration: how long ``fit`` trains: a :class:`Time` or a time string (``"2ep"``,
+            ``"100ba"``, ``"1e6tok"``, ``"3600sec"``); not ``dur``. Default ``None``.
+        device_train_microbatch_size: samples per forward/backward; ``None``: the whole batch.
+        auto_microbatching: whether the microbatch size is searched for (``'auto'``).
+        train_dataloader: yields training batches.
+        evaluators: an :class:`Evaluator` or a list of them.
+        dataloader: the active dataloader (training or an evaluator's). Default: the train
+            dataloader, labelled ``"train"``, as Composer's Trainer sets it.
+        dataloader_label: the active dataloader's name; needed with ``dataloader``.
+        dataloader_len: batches per epoch of the active dataloader: ``-1`` (default) for its
+            ``len()`` (``None`` when it has none), or fewer to cut epochs short. Given
+            without a dataloader (a test's State), it is taken as is.
+        dataset_state / dataset_resumption: Composer's dataset resumption fields (stored).
+        precision: ``"fp32"``, ``"amp_bf16"``, ``"amp_fp16"`` or a ``Precision``.
+        precision_config: stored for Composer compatibility.
+        optimizers: an optimizer or a list of them.
+        scaler: the ``GradScaler`` for ``amp_fp16``, if any.
+        save_metrics: stored for Composer compatibility.
+        algorithms / callbacks: as given to the Trainer (one or a list).
+        parallelism_config: the run's parallelism config (stored).
+        save_folder: where the run writes its artifacts; may hold ``{run_name}``.
+        schedulers: learning-rate schedulers (torch ``LRScheduler`` s), stepped per batch.
+        timestamp: where training is (:class:`Timestamp`, global counts); default zero.
+        train_metrics, eval_metrics, batch, outputs, loss, total_loss, stop_training: the
+            attributes below, for a State built by hand (tests); defaults empty.
+
+    Attributes:
+        timestamp / eval_timestamp / predict_timestamp: where training, the current
+            evaluation and the current prediction are (the eval/predict ones restart at
+            each dataloader). ``previous_timestamp``: training's before the last batch.
+        batch: the current batch, or microbatch between ``BEFORE_FORWARD`` and ``AFTER_BACKWARD``.
+        outputs: the model's outputs for the current (micro)batch.
+        loss: the current microbatch's loss (scaled by its share of the batch), a tensor.
+        total_loss: the batch's summed scaled loss, detached, kept on device (no host sync).
+        train_metrics / eval_metrics: torchmetrics by name; ``eval_metrics`` keyed by evaluator label.
+        stop_training: ``state.stop_training()`` or ``state.stop_training = True`` ends
+            ``fit`` after the current batch.
+        profiler: the run's profiler, or ``None``.
+
+    Raises:
+        ValueError: ``max_duration`` in ``dur``; ``dataloader`` without ``dataloader_label``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        rank_zero_seed: int = 0,
+        run_name: str = "run",
+        device: Any = None,
+        max_duration: Optional[Union[str, Time[int]]] = None,
+        device_train_microbatch_size: Optional[Union[int, float]] = None,
+        auto_microbatching: bool = False,
+        train_dataloader: Optional[Iterable[Any]] = None,
+        evaluators: Optional[Union[Evaluator, Sequence[Evaluator]]] = None,
+        dataloader: Optional[Iterable[Any]] = None,
+        dataloader_label: Optional[str] = None,
+        dataloader_len: Optional[Union[int, Time[int]]] = -1,
+        dataset_state: Optional[dict[str, Any]] = None,
+        dataset_resumption: Optional[dict[str, Any]] = None,
+        precision: Any = "fp32",
+        precision_config: Optional[dict[str, Any]] = None,
+        optimizers: Optional[Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]]] = None,
+        scaler: Optional[Any] = None,
+        save_metrics: bool = False,
+        algorithms: Any = None,
+        callbacks: Any = None,
+        parallelism_config: Optional[Any] = None,
+        *,
+        save_folder: Optional[str] = None,
+        schedulers: Any = None,
+        timestamp: Optional[Timestamp] = None,
+        train_metrics: Optional[dict[str, Any]] = None,
+        eval_metrics: Optional[dict[str, dict[str, Any]]] = None,
+        batch: Any = None,
+        outputs: Any = None,
+        loss: Optional[torch.Tensor] = None,
+        total_loss: Optional[torch.Tensor] = None,
+        stop_training: bool = False,
+    ) -> None:
+        self.model = model
+        self.rank_zero_seed = rank_zero_seed
+        self.run_name = run_name
+        self.device = _as_torch_device(device)
+        self.save_folder = save_folder
+        self._max_duration: Optional[Time] = None
+        self.max_duration = max_duration  # type: ignore[assignment]
+        self.device_train_microbatch_size = device_train_microbatch_size
+        self.auto_microbatching = auto_microbatching
+        self.precision = str(getattr(precision, "value", precision))
+        self.precision_config = precision_config
+        self.parallelism_config = parallelism_config
+        self.scaler = scaler
+        self.save_metrics = save_metrics
+        self.dataset_state = dataset_state
+        self.dataset_resumption = dataset_resumption or {}
+        self.train_dataloader = train_dataloader
+        self.evaluators: list[Evaluator] = as_list(evaluators)
+        self._dataloader: Optional[Iterable[Any]] = None
+        self._dataloader_label: Optional[str] = None
+        self._dataloader_len: Optional[Time] = None
+        if dataloader is None and train_dataloader is not None:
+            dataloader, dataloader_label = train_dataloader, dataloader_label or "train"
+        if dataloader is not None:
+            self.set_dataloader(dataloader, dataloader_label, dataloader_len)
+        elif dataloader_len is not None and dataloader_len != -1:
+            self._dataloader_len = Time.from_input(dataloader_len, TimeUnit.BATCH)
+        self.optimizers: list[torch.optim.Optimizer] = as_list(optimizers)
+        self.schedulers: list[Any] = as_list(schedulers)
+        self.algorithms: list[Any] = as_list(algorithms)
+        self.callbacks: list[Any] = as_list(callbacks)
+        self.timestamp = Timestamp() if timestamp is None else timestamp
+        self.previous_timestamp: Optional[Timestamp] = None
+        self.eval_timestamp = Timestamp()
+        self.predict_timestamp = Timestamp()
+        self.profiler: Optional[Any] = None
+        self.batch: Any = batch
+        self.outputs: Any = outputs
+        self.loss: Optional[torch.Tensor] = loss
+        self.total_loss: Optional[torch.Tensor] = total_loss
+        self.train_metrics: dict[str, Any] = dict(train_metrics or {})
+        self.eval_metrics: dict[str, dict[str, Any]] = dict(eval_metrics or {})
+        self._stop_training = bool(stop_training)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def max_duration(self) -> Optional[Time[int]]:
+        """How long ``fit`` trains, a :class:`Time` (set it with a Time or a time string)."""
+        return self._max_duration
+
+    @max_duration.setter
+    def max_duration(self, max_duration: Optional[Union[str, Time[int]]]) -> None:
+        if max_duration is None:
+            self._max_duration = None
+            return
+        duration = Time.from_input(max_duration, TimeUnit.EPOCH)
+        if duration.unit == TimeUnit.DURATION:
+            raise ValueError(f"max_duration cannot be in 'dur' ({duration}); use ep, ba, sp, "
+                             f"tok or sec.")
+        self._max_duration = duration
+
+    @property
+    def dataloader(self) -> Optional[Iterable[Any]]:
+        """The active dataloader (training, or an evaluator's during eval)."""
+        return self._dataloader
+
+    @property
+    def dataloader_label(self) -> Optional[str]:
+        """The active dataloader's label (``"train"``, or the evaluator's label)."""
+        return self._dataloader_label
+
+    @property
+    def dataloader_len(self) -> Optional[Time[int]]:
+        """Batches per epoch of the active dataloader, a ``ba`` :class:`Time`; ``None`` when
+        unknown (an unsized iterable)."""
+        return self._dataloader_len
+
+    @dataloader_len.setter
+    def dataloader_len(self, num_batches: Optional[Union[int, Time[int]]]) -> None:
+        if num_batches is None:
+            self._dataloader_len = None
+            return
+        num_batches = Time.from_input(num_batches, TimeUnit.BATCH)
+        if num_batches.unit != TimeUnit.BATCH:
+            raise ValueError(f"dataloader_len must be in batches, got {num_batches}.")
+        length: Optional[int]
+        try:
+            length = len(self._dataloader)  # type: ignore[arg-type]
+        except (TypeError, NotImplementedError):
+            length = None
+        if num_batches.value < 0:
+            self._dataloader_len = None if length is None else Time(length, TimeUnit.BATCH)
+        elif length is not None and num_batches.value > length:
+            self._dataloader_len = Time(length, TimeUnit.BATCH)  # cannot exceed the dataloader
+        else:
+            self._dataloader_len = num_batches
+
+    def set_dataloader(self, dataloader: Optional[Iterable[Any]] = None,
+                       dataloader_label: Optional[str] = None,
+                       dataloader_len: Union[int, Time[int]] = -1) -> None:
+        """Make ``dataloader`` the active one (Composer's ``State.set_dataloader``).
+
+        Args:
+            dataloader: the dataloader; ``None`` clears it (and its label and length).
+            dataloader_label: its name (``"train"``, an evaluator's label); needed with a
+                dataloader.
+            dataloader_len: batches to take per epoch; ``-1`` for its ``len()``.
+
+        Raises:
+            ValueError: a dataloader without a label.
+        """
+        if dataloader is None:
+            self._dataloader = self._dataloader_label = self._dataloader_len = None
+            return
+        if dataloader_label is None:
+            raise ValueError("set_dataloader(dataloader, dataloader_label): a dataloader needs "
+                             "a label, e.g. 'train' or the evaluator's label.")
+        self._dataloader, self._dataloader_label = dataloader, dataloader_label
+        self.dataloader_len = dataloader_len
+
+    @property
+    def stop_training(self) -> _StopTraining:
+        """Call it (``state.stop_training()``) or set it to ``True`` to end ``fit`` after the
+        current batch; truthy once asked. ``fit`` resets it when it starts."""
+        return _StopTraining(self)
+
+    @stop_training.setter
+    def stop_training(self, value: bool) -> None:
+        self._stop_training = bool(value)
+
+    @property
+    def seed(self) -> int:
+        """This rank's seed: ``rank_zero_seed + rank`` (rank from the ``RANK`` environment)."""
+        return self.rank_zero_seed + int(os.environ.get("RANK", "0"))
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The single optimizer (raises if there is not exactly one)."""
+        if len(self.optimizers) != 1:
+            raise ValueError(f"State has {len(self.optimizers)} optimizers; use state.optimizers.")
+        return self.optimizers[0]
+
+    # ------------------------------------------------------------------ time
+    def get_elapsed_duration(self) -> Optional[Time[float]]:
+        """The fraction of ``max_duration`` elapsed, a ``dur`` :class:`Time` (compare it
+        with floats: ``state.get_elapsed_duration() >= 0.5``); ``None`` without one.
+
+        With ``max_duration`` in epochs and a known ``dataloader_len``, the epoch in progress
+        counts by its batches, so the fraction moves smoothly inside an epoch (Composer
+        counts whole epochs only).
+        """
+        if self.max_duration is None:
+            return None
+        unit = self.max_duration.unit
+        total = self.max_duration.value
+        if unit == TimeUnit.EPOCH and self._dataloader_len:
+            done = (self.timestamp.epoch.value
+                    + self.timestamp.batch_in_epoch.value / self._dataloader_len.value)
+            return Time(done / total, TimeUnit.DURATION)
+        return Time(self.timestamp.get(unit).value / total, TimeUnit.DURATION)
+
+    def to_time(self, time: Time) -> Time:
+        """Convert a ``dur`` Time to ``max_duration``'s unit (other units pass through)."""
+        if time.unit != TimeUnit.DURATION:
+            return time
+        if self.max_duration is None:
+            raise ValueError(f"{time} is relative to max_duration, which is not set.")
+        return Time(round(time.value * self.max_duration.value), self.max_duration.unit)
+
+    def reached(self, time: Time) -> bool:
+        """Whether the run's timestamp has reached ``time`` (``dur`` included)."""
+        return self.timestamp >= self.to_time(time)
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs: model, optimizers, schedulers, timestamp, algorithm and
+        callback state, seed and run name. Tensors are returned as they are (no copy)."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizers": [opt.state_dict() for opt in self.optimizers],
+            "schedulers": [sched.state_dict() for sched in self.schedulers],
+            "timestamp": self.timestamp.state_dict(),
+            "algorithms": [(type(a).__qualname__, a.state_dict()) for a in self.algorithms],
+            "callbacks": [(type(c).__qualname__, c.state_dict()) for c in self.callbacks],
+            "rank_zero_seed": self.rank_zero_seed,
+            "run_name": self.run_name,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        """Restore from :meth:`state_dict`.
+
+        Raises:
+            ValueError: the checkpoint's optimizers, schedulers, algorithms or callbacks do
+                not line up with this run's (count or class).
+        """
+        self.model.load_state_dict(state["model"], strict=strict)
+        for kind in ("optimizers", "schedulers"):
+            mine, theirs = getattr(self, kind), state.get(kind, [])
+            if len(mine) != len(theirs):
+                raise ValueError(
+                    f"Checkpoint has {len(theirs)} {kind}, this run has {len(mine)}; "
+                    f"load with weights only to start them fresh."
+                )
+            for obj, sd in zip(mine, theirs):
+                obj.load_state_dict(sd)
+        self.timestamp = Timestamp.from_state_dict(state["timestamp"])
+        for kind in ("algorithms", "callbacks"):
+            mine = getattr(self, kind)
+            saved = dict(state.get(kind, []))
+            for obj in mine:
+                key = type(obj).__qualname__
+                if key in saved:
+                    obj.load_state_dict(saved[key])
+        self.rank_zero_seed = int(state.get("rank_zero_seed", self.rank_zero_seed))

@@ -1,0 +1,261 @@
+"""The :class:`MLFlowLogger`: params, metrics and the run's end status to MLflow.
+
+Source: MosaicML Composer's ``MLFlowLogger`` (``composer/loggers/mlflow_logger.py``): its
+arguments (``experiment_name``, ``run_name``, ``tags``, ``tracking_uri``, ``rank_zero_only``,
+``flush_interval``) and environment variables (``MLFLOW_TRACKING_URI``,
+``MLFLOW_EXPERIMENT_NAME``). It writes through an ``MlflowClient`` (no global active run),
+and ends the run ``FAILED`` when training fails, where Composer always ends it
+``FINISHED``. Needs ``mlflow`` (``pip install 'cadence[mlflow]'``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Optional
+
+from cadence.utils.dist import get_global_rank, get_world_size
+from cadence.loggers.logger_destination import LoggerDestination, to_python
+from cadence.loggers.tensorboard_logger import _installed, flatten_hyperparameters
+from cadence.config.registry import loggers
+
+if TYPE_CHECKING:
+    from cadence.core.state import State
+
+__all__ = ["MLFlowLogger", "DEFAULT_EXPERIMENT_NAME", "DEFAULT_TRACKING_URI"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EXPERIMENT_NAME = "cadence"
+"""The experiment runs go to when neither ``experiment_name`` nor ``MLFLOW_EXPERIMENT_NAME``
+names one."""
+
+DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
+"""The local store used when neither ``tracking_uri`` nor ``MLFLOW_TRACKING_URI`` is set: one
+SQLite file next to the runs' folders, shared by every run started in this directory
+(MLflow 3 refuses its older ``./mlruns`` file store by default). Browse it with
+``mlflow ui --backend-store-uri sqlite:///runs/mlflow.db``."""
+
+_MISSING = (
+    "MLFlowLogger needs the `mlflow` package, which is not installed. Install it with "
+    "`pip install mlflow` (or `pip install 'cadence[mlflow]'`), or remove the mlflow logger "
+    "from the run's loggers."
+)
+_MAX_PARAM_LENGTH = 6000  # MLflow's limit on a param value (longer ones are truncated)
+_MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
+_MAX_PARAMS_PER_BATCH = 100
+
+
+def _local_default_uri() -> str:
+    """:data:`DEFAULT_TRACKING_URI` with an absolute path: MLflow caches one store per URI
+    string, so a relative path would keep writing into the first working directory's file."""
+    return "sqlite:///" + str((Path("runs") / "mlflow.db").resolve())
+
+
+def _client(tracking_uri: str) -> Any:
+    """An ``MlflowClient`` on ``tracking_uri`` (creating a SQLite store's folder).
+
+    Importing MLflow's SQL store triggers SQLAlchemy 2.1's "The ``noload`` loader strategy
+    is deprecated" DeprecationWarning (from MLflow's own table mappings, not from cadence);
+    it is silenced here, where it fires, so runs with warnings as errors can use MLflow.
+    """
+    if tracking_uri.startswith("sqlite:///"):
+        Path(tracking_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The ``noload`` loader strategy",
+                                category=DeprecationWarning)
+        from mlflow import MlflowClient
+
+        return MlflowClient(tracking_uri)
+
+
+@loggers.register("mlflow")
+class MLFlowLogger(LoggerDestination):
+    """Logs the run's config as MLflow params, its metrics with their ``step``, and ends the
+    MLflow run ``FINISHED`` or ``FAILED``.
+
+    At ``INIT`` it opens the tracking store, creates the experiment if it does not exist and
+    starts a new MLflow run named after the cadence run, tagged ``cadence_run_name``.
+    Hyperparameters (the Trainer's ``hyperparameters``: the YAML config and the seed) are
+    flattened to dotted keys (``optimizer.lr``) and logged as params; a param logged again
+    with another value is kept as first logged (MLflow params are immutable) and reported
+    in the log. Metrics are logged at ``step`` (the optimizer step), buffered and sent in
+    batches every ``flush_interval`` seconds, at ``EVAL_END`` and ``FIT_END``, and at close;
+    values that are not numbers are skipped.
+
+    :meth:`close` (the Trainer's ``close()``, also run at interpreter exit) sends what is
+    buffered and ends the run: ``FAILED`` when a ``fit`` started and did not reach
+    ``FIT_END`` (an exception, or ``KeyboardInterrupt``), or when an exception is being
+    handled as it closes; otherwise ``FINISHED``. Safe to call twice.
+
+    Args:
+        experiment_name: the MLflow experiment; default ``MLFLOW_EXPERIMENT_NAME``, else
+            ``"cadence"``.
+        run_name: the MLflow run's name; default the cadence run name. With
+            ``rank_zero_only=False`` and several ranks, ``-rank{r}`` is appended.
+        tags: more tags for the MLflow run.
+        tracking_uri: where runs are stored (``sqlite:///path.db``, ``http://host:5000``,
+            ``databricks``); default ``MLFLOW_TRACKING_URI``, else
+            :data:`DEFAULT_TRACKING_URI` (``sqlite:///runs/mlflow.db``).
+        rank_zero_only: log on global rank zero only (default); else every rank starts its
+            own MLflow run.
+        flush_interval: seconds between sends of buffered metrics (default 10, as Composer).
+
+    Raises:
+        ImportError: ``mlflow`` is not installed, naming ``pip install mlflow``.
+        ValueError: ``flush_interval`` is negative.
+
+    Example (YAML)::
+
+        loggers:
+          mlflow: {experiment_name: shakespeare}
+    """
+
+    def __init__(
+        self,
+        experiment_name: Optional[str] = None,
+        run_name: Optional[str] = None,
+        tags: Optional[Mapping[str, Any]] = None,
+        tracking_uri: Optional[str] = None,
+        rank_zero_only: bool = True,
+        flush_interval: float = 10.0,
+    ) -> None:
+        if not _installed("mlflow"):
+            raise ImportError(_MISSING)
+        if isinstance(flush_interval, bool) or not isinstance(flush_interval, (int, float)) \
+                or flush_interval < 0:
+            raise ValueError(f"MLFlowLogger flush_interval must be a number of seconds >= 0, "
+                             f"got {flush_interval!r}.")
+        self.experiment_name = experiment_name
+        self.run_name = run_name
+        self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
+        self.tracking_uri = tracking_uri
+        self.rank_zero_only = rank_zero_only
+        self.flush_interval = float(flush_interval)
+        self.run_id: Optional[str] = None
+        self.experiment_id: Optional[str] = None
+        self._client: Any = None
+        self._closed = False
+        self._fit_running = False
+        self._params: dict[str, str] = {}  # logged to MLflow
+        self._pending_params: dict[str, str] = {}
+        self._pending_metrics: list[tuple[dict[str, float], Optional[int], int]] = []
+        self._last_flush = time.monotonic()
+
+    # -- the MLflow run -------------------------------------------------------------------
+    def _enabled(self) -> bool:
+        return not self.rank_zero_only or get_global_rank() == 0
+
+    def _resolved_uri(self) -> str:
+        uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+        return _local_default_uri() if uri == DEFAULT_TRACKING_URI else uri
+
+    def _start(self, state: State) -> None:
+        if self._client is not None or self._closed or not self._enabled():
+            return
+        uri = self._resolved_uri()
+        client = _client(uri)
+        name = (self.experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+                or DEFAULT_EXPERIMENT_NAME)
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            self.experiment_id = experiment.experiment_id
+        else:
+            artifacts = None
+            if uri == _local_default_uri():  # keep artifacts beside the store, not in ./mlruns
+                artifacts = (Path("runs") / "mlartifacts").resolve().as_uri()
+            self.experiment_id = client.create_experiment(name, artifact_location=artifacts)
+        run_name = self.run_name or state.run_name
+        if not self.rank_zero_only and get_world_size() > 1:
+            run_name = f"{run_name}-rank{get_global_rank()}"
+        run = client.create_run(self.experiment_id, run_name=run_name,
+                                tags={"cadence_run_name": state.run_name, **self.tags})
+        self._client, self.run_id = client, run.info.run_id
+        log.info("MLflow run %s (%s) in experiment %r at %s", run_name, self.run_id, name, uri)
+        self._flush()
+
+    def _flush(self) -> None:
+        """Send buffered params and metrics (in MLflow's batch sizes)."""
+        if self._client is None:
+            return
+        from mlflow.entities import Metric, Param
+
+        self._last_flush = time.monotonic()
+        params = [Param(k, v) for k, v in self._pending_params.items()]
+        self._pending_params = {}
+        for start in range(0, len(params), _MAX_PARAMS_PER_BATCH):
+            self._client.log_batch(self.run_id, params=params[start:start + _MAX_PARAMS_PER_BATCH])
+        metrics = [Metric(key, value, millis, step if step is not None else 0)
+                   for values, step, millis in self._pending_metrics
+                   for key, value in values.items()]
+        self._pending_metrics = []
+        for start in range(0, len(metrics), _MAX_METRICS_PER_BATCH):
+            self._client.log_batch(self.run_id,
+                                   metrics=metrics[start:start + _MAX_METRICS_PER_BATCH])
+
+    # -- LoggerDestination ----------------------------------------------------------------
+    def log_metrics(self, metrics: Mapping[str, Any], step: Optional[int] = None) -> None:
+        """Buffer the numeric ``metrics`` at ``step``; send when ``flush_interval`` passed."""
+        if not self._enabled() or self._closed:
+            return
+        values = {}
+        for key, value in metrics.items():
+            value = to_python(value)
+            if isinstance(value, (int, float)):
+                values[str(key)] = float(value)
+        if values:
+            self._pending_metrics.append((values, step, int(time.time() * 1000)))
+        if time.monotonic() - self._last_flush >= self.flush_interval:
+            self._flush()
+
+    def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
+        """Log ``hyperparameters``, flattened to dotted keys, as the run's params."""
+        if not self._enabled() or self._closed:
+            return
+        for key, value in flatten_hyperparameters(hyperparameters).items():
+            text = str(value)[:_MAX_PARAM_LENGTH]
+            known = self._params.get(key)
+            if known is None:
+                self._params[key] = self._pending_params[key] = text
+            elif known != text:
+                log.warning("MLFlowLogger: param %r was logged as %r; MLflow params cannot "
+                            "change, so the new value %r is not recorded.", key, known, text)
+        if self._client is not None:
+            self._flush()
+
+    # -- events ---------------------------------------------------------------------------
+    def init(self, state: State, logger: Any) -> None:
+        del logger
+        self._start(state)
+
+    def fit_start(self, state: State, logger: Any) -> None:
+        del logger
+        self._start(state)  # a destination added after INIT
+        self._fit_running = True
+
+    def eval_end(self, state: State, logger: Any) -> None:
+        del state, logger
+        self._flush()
+
+    def fit_end(self, state: State, logger: Any) -> None:
+        del state, logger
+        self._fit_running = False
+        self._flush()
+
+    def close(self) -> None:
+        """Send what is buffered and end the MLflow run ``FINISHED`` or ``FAILED`` (see the
+        class docstring). Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._client is None:
+            return
+        failed = self._fit_running or sys.exc_info()[0] is not None
+        try:
+            self._flush()
+        finally:
+            self._client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")

@@ -1,0 +1,218 @@
+"""The :class:`TensorboardLogger`: scalars and hyperparameters to TensorBoard event files.
+
+Source: MosaicML Composer's ``TensorboardLogger`` (``composer/loggers/tensorboard_logger.py``):
+its arguments (``log_dir``, ``flush_interval``, ``rank_zero_only``) and flush points; the
+hyperparameters are written once into the run's own event file (as Lightning's
+``TensorBoardLogger`` does) instead of a new sub-run per evaluation. Needs the
+``tensorboard`` package (``pip install 'cadence[tensorboard]'``); the writer is
+``torch.utils.tensorboard.SummaryWriter``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Optional
+
+from cadence.utils.dist import get_global_rank, get_world_size
+from cadence.loggers.file_logger import jsonable
+from cadence.loggers.logger_destination import LoggerDestination, to_python
+from cadence.config.registry import loggers
+
+if TYPE_CHECKING:
+    from cadence.core.state import State
+
+__all__ = ["TensorboardLogger", "TensorBoardLogger", "flatten_hyperparameters"]
+
+_MISSING = (
+    "TensorboardLogger needs the `tensorboard` package, which is not installed. Install it "
+    "with `pip install tensorboard` (or `pip install 'cadence[tensorboard]'`), or remove the "
+    "tensorboard logger from the run's loggers."
+)
+
+
+def _installed(package: str) -> bool:
+    """Whether ``import package`` can work, without importing it."""
+    if package in sys.modules:
+        return sys.modules[package] is not None
+    return importlib.util.find_spec(package) is not None
+
+
+def flatten_hyperparameters(hyperparameters: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested hyperparameters as one level of dotted keys, values as JSON scalars.
+
+    ``{"optimizer": {"name": "adamw", "lr": 1e-3}}`` becomes
+    ``{"optimizer.name": "adamw", "optimizer.lr": 0.001}``; lists become their JSON text
+    (``"[0.9, 0.95]"``), ``None`` the string ``"None"``; tensors are read (see
+    :func:`~cadence.loggers.file_logger.jsonable`). For tools whose parameters are
+    flat (TensorBoard's hparams plugin, MLflow params).
+    """
+    flat: dict[str, Any] = {}
+    for key, value in jsonable(dict(hyperparameters)).items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_hyperparameters(value, prefix=f"{name}."))
+        elif isinstance(value, list):
+            flat[name] = json.dumps(value)
+        elif value is None:
+            flat[name] = "None"
+        else:
+            flat[name] = value
+    return flat
+
+
+@loggers.register("tensorboard")
+class TensorboardLogger(LoggerDestination):
+    """Writes metrics as TensorBoard scalars and the run's hyperparameters to an event file.
+
+    Each metric becomes a scalar under its own name (``loss/train/total``,
+    ``throughput/device/mfu``) at ``step`` (the optimizer step, ``state.timestamp.batch``);
+    values that are not numbers are skipped. The hyperparameters (the Trainer's
+    ``hyperparameters``: the YAML config and the seed) are flattened to dotted keys
+    (:func:`flatten_hyperparameters`) and written once the writer exists, both for the
+    HPARAMS tab and as a JSON text summary named ``hyperparameters``.
+
+    The writer is created at ``INIT`` (when the run name is known); anything logged before
+    is kept and written then. Events are flushed every ``flush_interval`` batches, at
+    ``EPOCH_END``, ``EVAL_END`` and ``FIT_END``, and by :meth:`close` (safe to call twice).
+    View with ``tensorboard --logdir runs`` (every run's folder under ``runs/``).
+
+    Args:
+        log_dir: the directory of this run's event files; may contain ``{run_name}``.
+            Default: ``<save_folder>/tensorboard`` if the run has a ``save_folder``, else
+            ``runs/{run_name}/tensorboard``. With ``rank_zero_only=False`` and several
+            ranks, each rank writes into ``<log_dir>/rank{r}``.
+        flush_interval: flush every this many batches (default 100, as Composer).
+        rank_zero_only: write on global rank zero only (default).
+
+    Raises:
+        ImportError: ``tensorboard`` is not installed, naming ``pip install tensorboard``.
+        ValueError: ``flush_interval`` is not a positive integer.
+
+    Example (YAML)::
+
+        loggers:
+          tensorboard: {}              # runs/<run_name>/tensorboard
+    """
+
+    def __init__(self, log_dir: Optional[str] = None, flush_interval: int = 100,
+                 rank_zero_only: bool = True) -> None:
+        if not _installed("tensorboard"):
+            raise ImportError(_MISSING)
+        if isinstance(flush_interval, bool) or not isinstance(flush_interval, int) \
+                or flush_interval < 1:
+            raise ValueError(f"TensorboardLogger flush_interval must be a positive integer "
+                             f"(batches), got {flush_interval!r}.")
+        self.log_dir = log_dir
+        self.flush_interval = flush_interval
+        self.rank_zero_only = rank_zero_only
+        self.writer: Any = None  # torch.utils.tensorboard.SummaryWriter once started
+        self._closed = False
+        self._hyperparameters: dict[str, Any] = {}
+        self._pending: list[tuple[dict[str, Any], Optional[int]]] = []
+
+    def _enabled(self) -> bool:
+        return not self.rank_zero_only or get_global_rank() == 0
+
+    def _folder(self, state: State) -> Path:
+        if self.log_dir is not None:
+            folder = Path(self.log_dir.format(run_name=state.run_name))
+        elif state.save_folder is not None:
+            folder = Path(str(state.save_folder)) / "tensorboard"
+        else:
+            folder = Path("runs") / state.run_name / "tensorboard"
+        if not self.rank_zero_only and get_world_size() > 1:
+            folder = folder / f"rank{get_global_rank()}"
+        return folder
+
+    def _start(self, state: State) -> None:
+        if self.writer is not None or self._closed or not self._enabled():
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise ImportError(_MISSING) from exc
+        self.writer = SummaryWriter(log_dir=str(self._folder(state)))
+        if self._hyperparameters:
+            self._write_hyperparameters()
+        pending, self._pending = self._pending, []
+        for metrics, step in pending:
+            self._write(metrics, step)
+
+    def _write(self, metrics: Mapping[str, Any], step: Optional[int]) -> None:
+        for name, value in metrics.items():
+            value = to_python(value)
+            if isinstance(value, (int, float)):
+                self.writer.add_scalar(str(name), value, global_step=step)
+
+    def _write_hyperparameters(self) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        experiment, session_start, session_end = hparams(self._hyperparameters, {})
+        for summary in (experiment, session_start, session_end):
+            self.writer.file_writer.add_summary(summary)
+        text = json.dumps(self._hyperparameters, indent=2, sort_keys=True)
+        self.writer.add_text("hyperparameters", f"```\n{text}\n```", global_step=0)
+
+    def _flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
+    # -- LoggerDestination ----------------------------------------------------------------
+    def log_metrics(self, metrics: Mapping[str, Any], step: Optional[int] = None) -> None:
+        """Write each numeric metric as a scalar at ``step``."""
+        if not self._enabled() or self._closed or not metrics:
+            return
+        if self.writer is None:
+            self._pending.append(({k: to_python(v) for k, v in metrics.items()}, step))
+        else:
+            self._write(metrics, step)
+
+    def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
+        """Merge ``hyperparameters`` (flattened) and write them to the event file."""
+        if not self._enabled() or self._closed:
+            return
+        self._hyperparameters.update(flatten_hyperparameters(hyperparameters))
+        if self.writer is not None:
+            self._write_hyperparameters()
+
+    # -- events ---------------------------------------------------------------------------
+    def init(self, state: State, logger: Any) -> None:
+        del logger
+        self._start(state)
+
+    def fit_start(self, state: State, logger: Any) -> None:
+        del logger
+        self._start(state)  # a destination added after INIT
+
+    def batch_end(self, state: State, logger: Any) -> None:
+        del logger
+        if int(state.timestamp.batch) % self.flush_interval == 0:
+            self._flush()
+
+    def epoch_end(self, state: State, logger: Any) -> None:
+        del state, logger
+        self._flush()
+
+    def eval_end(self, state: State, logger: Any) -> None:
+        del state, logger
+        self._flush()
+
+    def fit_end(self, state: State, logger: Any) -> None:
+        del state, logger
+        self._flush()
+
+    def close(self) -> None:
+        """Flush and close the event file. Safe to call twice; metrics logged but never
+        written (no ``INIT`` ever fired) are dropped."""
+        self._closed = True
+        self._pending = []
+        if self.writer is not None:
+            writer, self.writer = self.writer, None
+            writer.close()
+
+
+TensorBoardLogger = TensorboardLogger
+"""The same class, spelled as TensorBoard spells itself (Composer spells it ``Tensorboard``)."""

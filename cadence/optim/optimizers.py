@@ -1,0 +1,59 @@
+"""Optimizers a run file can name, and how the Trainer turns schedules into torch schedulers.
+
+Optimizers are torch's own (``adamw``, ``adam``, ``sgd``), built as
+``cls(model.parameters(), **kwargs)``; Composer's decoupled ones are in
+:mod:`cadence.optim.decoupled_weight_decay`. The schedules themselves (Composer's stateless
+schedulers) live in :mod:`cadence.optim.scheduler`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from cadence.config.arg_checks import at_least, declare_arg_checks, each, in_interval
+from cadence.config.registry import optimizers
+from cadence.optim.scheduler import ComposerScheduler, scheduler_multiplier
+
+if TYPE_CHECKING:
+    from cadence.core.state import State
+
+__all__ = ["compile_scheduler"]
+
+optimizers.register("adamw", torch.optim.AdamW)
+optimizers.register("adam", torch.optim.Adam)
+optimizers.register("sgd", torch.optim.SGD)
+# The ranges torch checks when the optimizer is built, checked when the config is loaded.
+for _adam in (torch.optim.AdamW, torch.optim.Adam):
+    declare_arg_checks(_adam, lr=at_least(0.0), eps=at_least(0.0), weight_decay=at_least(0.0),
+                       betas=each(in_interval(0.0, 1.0)))
+declare_arg_checks(torch.optim.SGD, lr=at_least(0.0), momentum=at_least(0.0),
+                   weight_decay=at_least(0.0))
+
+
+def compile_scheduler(
+    scheduler: Any, optimizer: torch.optim.Optimizer, state: State, ssr: float = 1.0
+) -> Any:
+    """A torch LR scheduler for ``scheduler``: a :class:`ComposerScheduler` (or any
+    ``Callable[[State], float]``) becomes a ``LambdaLR`` on ``optimizer`` reading ``state``
+    (as :func:`~cadence.optim.scheduler.compile_composer_scheduler` does); a torch
+    ``LRScheduler`` is returned as is.
+
+    Args:
+        scheduler: the schedule.
+        optimizer: the optimizer whose learning rate it sets.
+        state: the run's State.
+        ssr: the scale-schedule ratio (the Trainer's ``scale_schedule_ratio``).
+
+    Raises:
+        TypeError: ``scheduler`` is neither.
+    """
+    if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+        return scheduler
+    if callable(scheduler):
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, scheduler_multiplier(scheduler, state, ssr))
+    raise TypeError(
+        f"schedulers must be ComposerSchedulers (callables of State) or torch LRSchedulers, "
+        f"got {type(scheduler).__name__}."
+    )

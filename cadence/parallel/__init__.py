@@ -1,0 +1,83 @@
+"""Parallelism, applied from outside the model: ``parallelize(model, plan)`` (in
+:mod:`.plan`) runs activation checkpointing, compile, tensor parallelism, then FSDP2 or
+DDP; single process, DDP, FSDP2 and FSDP2 x TP are one path.
+
+Names are imported on first use (:mod:`cadence._lazy`), so the run-file check can read
+:mod:`.config` (the ``parallelism_config`` schema) without importing torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cadence._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from cadence.config.parallelism import (
+        FSDPConfig, ParallelismConfig, TPConfig, parse_parallelism_config,
+    )
+    from cadence.parallel.fsdp import plan_fsdp_units
+    from cadence.parallel.mesh import (
+        build_mesh, data_parallel_rank, data_parallel_size, mesh_shape,
+    )
+    from cadence.parallel.plan import ParallelPlan, parallelize
+    from cadence.parallel.tp import is_shard_placement
+
+__all__ = [
+    "FSDPConfig", "TPConfig", "ParallelismConfig", "ParallelPlan", "parse_parallelism_config",
+    "parallelize", "build_mesh", "mesh_shape", "data_parallel_rank", "data_parallel_size",
+    "plan_fsdp_units", "unwrap_model", "is_fsdp", "remap_optimizer_params", "is_shard_placement",
+]
+
+_config, _mesh = "cadence.config.parallelism", "cadence.parallel.mesh"
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "FSDPConfig": _config, "TPConfig": _config, "ParallelismConfig": _config,
+    "parse_parallelism_config": _config, "plan_fsdp_units": "cadence.parallel.fsdp",
+    "build_mesh": _mesh, "mesh_shape": _mesh, "data_parallel_rank": _mesh,
+    "data_parallel_size": _mesh, "ParallelPlan": "cadence.parallel.plan",
+    "parallelize": "cadence.parallel.plan",
+    "is_shard_placement": "cadence.parallel.tp",
+})
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's model inside a DDP wrapper (FSDP2 shards in place, so it is the model)."""
+    from torch import nn
+
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def is_fsdp(model: nn.Module) -> bool:
+    """Whether ``model`` was sharded with FSDP2."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def remap_optimizer_params(optimizer: torch.optim.Optimizer, old_names: dict[int, str],
+                           model: nn.Module) -> None:
+    """Point ``optimizer`` at ``model``'s current parameters (FSDP2 replaces each parameter
+    with a sharded DTensor one), matching by name. ``old_names`` maps ``id(old param)`` to
+    its name, taken before sharding.
+
+    Raises:
+        ValueError: the optimizer holds a parameter that is not in the model, or already has
+            state (it must not have stepped before the Trainer shards the model).
+    """
+    if optimizer.state:
+        raise ValueError("The optimizer has already stepped; create it before training starts.")
+    current = dict(model.named_parameters())
+    for group in optimizer.param_groups:
+        remapped = []
+        for param in group["params"]:
+            name = old_names.get(id(param))
+            if name is None or name not in current:
+                raise ValueError(
+                    "The optimizer holds a parameter that is not in the model; build it from "
+                    "model.parameters() (or leave optimizers unset for AdamW)."
+                )
+            remapped.append(current[name])
+        group["params"] = remapped

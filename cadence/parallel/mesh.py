@@ -1,0 +1,156 @@
+"""The ``DeviceMesh`` a sharding strategy runs on.
+
+``FULL_SHARD`` / ``SHARD_GRAD_OP``: a 1-D mesh ``(dp_shard=world,)``. ``NO_SHARD``: a 2-D mesh
+``(dp_replicate=world, dp_shard=1)``. ``HYBRID_SHARD`` / ``HYBRID_SHARD_ZERO2``: a 2-D mesh
+``(dp_replicate, dp_shard)``, by default one replica per node and sharding within a node
+(``data_parallel_replicate_degree`` / ``data_parallel_shard_degree`` override it).
+
+With ``tp.tensor_parallel_degree`` above 1, a ``tp`` dimension is added last (innermost:
+the ranks of one tensor-parallel group are neighbours, on one node), and the data-parallel
+dimensions above are built for ``world_size / tp`` ranks: ``(dp_shard, tp)``, or
+``(dp_replicate, dp_shard, tp)`` for HYBRID strategies. Without fsdp the mesh is ``(tp,)``
+and the world must be one tensor-parallel group.
+Source: ``torch.distributed.device_mesh.init_device_mesh``; torchtitan's ``ParallelDims``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch.distributed as torch_dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from cadence.utils import dist
+from cadence.config.parallelism import FSDPConfig, ParallelismConfig
+
+__all__ = ["mesh_shape", "mesh_dims", "build_mesh", "data_parallel_mesh", "data_parallel_size",
+           "data_parallel_rank", "data_parallel_group"]
+
+
+def mesh_shape(config: FSDPConfig, world_size: int, local_world_size: int) -> tuple[int, ...]:
+    """The mesh shape for ``config`` on ``world_size`` ranks (``local_world_size`` per node).
+
+    Raises:
+        ValueError: the degrees do not multiply to the world size, or a 1-D strategy is given
+            a replicate degree above 1 (naming the keys and the fix).
+    """
+    strategy = config.sharding_strategy
+    replicate, shard = config.data_parallel_replicate_degree, config.data_parallel_shard_degree
+    key = "parallelism_config.fsdp"
+    if strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        if replicate not in (-1, 1):
+            raise ValueError(
+                f"{key}.data_parallel_replicate_degree={replicate} needs a HYBRID sharding "
+                f"strategy (HYBRID_SHARD or HYBRID_SHARD_ZERO2); {strategy} shards over all ranks."
+            )
+        if shard not in (-1, world_size):
+            raise ValueError(
+                f"{key}.data_parallel_shard_degree={shard} does not match the world size "
+                f"{world_size} for {strategy}; leave it at -1, or use HYBRID_SHARD."
+            )
+        return (world_size,)
+    if strategy == "NO_SHARD":
+        if shard not in (-1, 1) or replicate not in (-1, world_size):
+            raise ValueError(
+                f"NO_SHARD replicates over every rank: leave {key}.data_parallel_shard_degree "
+                f"and data_parallel_replicate_degree at -1 (got {shard} and {replicate})."
+            )
+        return (world_size, 1)
+    if replicate == -1 and shard == -1:
+        shard = min(local_world_size, world_size)
+    if replicate == -1:
+        replicate = world_size // shard if shard > 0 else -1
+    if shard == -1:
+        shard = world_size // replicate
+    if replicate * shard != world_size:
+        raise ValueError(
+            f"{key}: data_parallel_replicate_degree ({replicate}) x data_parallel_shard_degree "
+            f"({shard}) must equal the world size ({world_size})."
+        )
+    return (replicate, shard)
+
+
+def mesh_dims(config: ParallelismConfig, world_size: int,
+              local_world_size: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The mesh shape and dimension names for ``config`` on ``world_size`` ranks.
+
+    Raises:
+        ValueError: ``tensor_parallel_degree`` does not divide the world size (or the
+            ranks per node), tp without fsdp on more ranks than one tp group, or bad fsdp
+            degrees (see :func:`mesh_shape`).
+    """
+    tp = config.tp_degree
+    key = "parallelism_config.tp.tensor_parallel_degree"
+    if world_size % tp != 0:
+        raise ValueError(f"{key}={tp} does not divide the world size {world_size}; use a "
+                         f"divisor of {world_size}.")
+    if tp > 1 and local_world_size % tp != 0 and local_world_size < world_size:
+        raise ValueError(f"{key}={tp} does not divide the {local_world_size} ranks per node; a "
+                         f"tensor-parallel group must sit on one node.")
+    if config.fsdp is None:
+        if tp == 1:
+            return (world_size,), ("dp_replicate",)
+        if world_size != tp:
+            raise ValueError(
+                f"{key}={tp} on {world_size} ranks without fsdp: the {world_size // tp} "
+                f"tensor-parallel groups need data parallelism over them; add "
+                f"parallelism_config.fsdp: {{}} (sharding_strategy NO_SHARD to replicate).")
+        return (tp,), ("tp",)
+    dp_world, dp_local = world_size // tp, max(1, local_world_size // tp)
+    shape = mesh_shape(config.fsdp, dp_world, dp_local)
+    names: tuple[str, ...] = ("dp_shard",) if len(shape) == 1 else ("dp_replicate", "dp_shard")
+    if tp > 1:
+        shape, names = (*shape, tp), (*names, "tp")
+    return shape, names
+
+
+def data_parallel_size(config: ParallelismConfig, world_size: Optional[int] = None) -> int:
+    """Ranks that load different data: the world size over ``tensor_parallel_degree``."""
+    world = dist.get_world_size() if world_size is None else world_size
+    return max(1, world // config.tp_degree)
+
+
+def data_parallel_rank(config: ParallelismConfig, global_rank: Optional[int] = None) -> int:
+    """This rank's index among the data-parallel ranks (the ranks of one tensor-parallel
+    group share it): ``global_rank // tensor_parallel_degree`` (``tp`` is the innermost
+    mesh dimension)."""
+    rank = dist.get_global_rank() if global_rank is None else global_rank
+    return rank // config.tp_degree
+
+
+def data_parallel_group(config: ParallelismConfig) -> Optional[torch_dist.ProcessGroup]:
+    """The process group of this rank's data-parallel peers: the ranks that hold the same
+    tensor-parallel shard of different samples, ``r % tensor_parallel_degree == rank %
+    tensor_parallel_degree`` (``tp`` is the innermost mesh dimension, as in
+    :func:`data_parallel_rank`), over every data-parallel dimension (``dp_replicate`` x
+    ``dp_shard``). What the samples are summed over, e.g. metrics: the ranks of one
+    tensor-parallel group see the same samples.
+
+    A collective: every rank calls it (it creates one group per tensor-parallel rank, whose
+    collectives time out after the run's ``dist_timeout``).
+
+    Returns:
+        The group; None without tensor parallelism (the data-parallel ranks are the world).
+    """
+    tp = config.tp_degree
+    if tp <= 1:
+        return None
+    world = dist.get_world_size()
+    group, _ = torch_dist.new_subgroups_by_enumeration(
+        [list(range(tp_rank, world, tp)) for tp_rank in range(tp)],
+        timeout=dist.get_dist_timeout())
+    return group
+
+
+def data_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The data-parallel part of ``mesh`` (every dimension but ``tp``), for FSDP2."""
+    names = tuple(n for n in (mesh.mesh_dim_names or ()) if n != "tp")
+    if names == tuple(mesh.mesh_dim_names or ()):
+        return mesh
+    return mesh[names] if len(names) > 1 else mesh[names[0]]
+
+
+def build_mesh(config: ParallelismConfig, device_type: str) -> DeviceMesh:
+    """The ``DeviceMesh`` for ``config`` (needs an initialised process group)."""
+    shape, names = mesh_dims(config, dist.get_world_size(), dist.get_local_world_size())
+    return init_device_mesh(device_type, shape, mesh_dim_names=names)

@@ -1,0 +1,103 @@
+"""``create_interval_scheduler``: a ``(state, event) -> bool`` that is true every
+``interval`` (and at the end of training), for ``save_interval`` and ``eval_interval``.
+
+Source: MosaicML Composer's ``create_interval_scheduler`` (``composer/utils/misc.py``):
+same arguments, defaults and semantics.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Callable, Optional, Union
+
+if TYPE_CHECKING:
+    from cadence.core import Event, State, Time
+
+__all__ = ["create_interval_scheduler"]
+
+
+def create_interval_scheduler(
+    interval: Union[str, int, Time],
+    include_end_of_training: bool = True,
+    checkpoint_events: bool = True,
+    final_events: Optional[set[Event]] = None,
+) -> Callable[[State, Event], bool]:
+    """A function ``(state, event) -> bool`` that is true on the event that ends each
+    ``interval``, and (with ``include_end_of_training``) on a final event once training is
+    done.
+
+    Args:
+        interval: an ``int`` (epochs), a time string or :class:`~cadence.Time` in ``ep``,
+            ``ba``, ``sp``, ``tok``, ``iter``, ``sec`` or ``dur``. True when the count in that
+            unit crossed a multiple of ``interval`` during the last batch (``dur``: a
+            fraction of ``max_duration``, in its unit). ``0`` (not ``dur``) is never true.
+        include_end_of_training: also true on a ``final_events`` event once
+            ``state.get_elapsed_duration() >= 1``, unless this batch already fired.
+        checkpoint_events: fire on ``EPOCH_CHECKPOINT`` / ``BATCH_CHECKPOINT`` (default, for
+            saving); else on ``EPOCH_END`` / ``BATCH_END`` (for evaluation).
+        final_events: the events the end of training is checked on; default
+            ``{BATCH_CHECKPOINT, EPOCH_CHECKPOINT}``.
+
+    Returns:
+        The scheduler; pass it as ``save_interval`` or ``eval_interval``.
+
+    Raises:
+        ValueError: an interval in an unknown unit.
+        RuntimeError (when called): a ``dur`` interval with an unsized dataloader and
+            ``max_duration`` in epochs.
+    """
+    from cadence.core import Event, Time, TimeUnit
+
+    if final_events is None:
+        final_events = {Event.BATCH_CHECKPOINT, Event.EPOCH_CHECKPOINT}
+    time_interval = Time.from_input(interval, TimeUnit.EPOCH)
+    unit = time_interval.unit
+    if unit in (TimeUnit.EPOCH, TimeUnit.ITERATION):
+        interval_event = Event.EPOCH_CHECKPOINT if checkpoint_events else Event.EPOCH_END
+    elif unit in (TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN, TimeUnit.DURATION,
+                  TimeUnit.SECOND):
+        interval_event = Event.BATCH_CHECKPOINT if checkpoint_events else Event.BATCH_END
+    else:
+        raise ValueError(f"create_interval_scheduler: unknown unit of {interval!r}; use ep, "
+                         f"ba, sp, tok, iter, sec or dur.")
+    last_batch_seen = -1
+
+    def check_interval(state: State, event: Event) -> bool:
+        nonlocal last_batch_seen
+        if unit != TimeUnit.DURATION and time_interval.value <= 0:
+            return False
+        previous = getattr(state, "previous_timestamp", None)
+        if previous is None:  # training has not stepped yet
+            return False
+        elapsed = state.get_elapsed_duration()
+        assert elapsed is not None, "an interval scheduler needs max_duration"
+        batch = int(state.timestamp.batch)
+        if (include_end_of_training and event in final_events and float(elapsed) >= 1.0
+                and batch != last_batch_seen):
+            last_batch_seen = batch
+            return True
+        if event != interval_event:
+            return False
+        if unit != TimeUnit.DURATION:
+            count_unit, step = unit, float(time_interval.value)
+        else:
+            assert state.max_duration is not None
+            count_unit = state.max_duration.unit
+            length = state.dataloader_len
+            if count_unit == TimeUnit.EPOCH:  # count batches: an epoch fraction ends mid-epoch
+                if length is None:
+                    raise RuntimeError(f"An interval in 'dur' ({time_interval}) with "
+                                       f"max_duration in epochs needs a sized dataloader.")
+                count_unit = TimeUnit.BATCH
+                step = math.ceil(float(state.max_duration.value) * float(time_interval.value)
+                                 * int(length))
+            else:
+                step = math.ceil(float(state.max_duration.value) * float(time_interval.value))
+        before = float(previous.get(count_unit).value)
+        now = float(state.timestamp.get(count_unit).value)
+        if step > 0 and math.floor(before / step) != math.floor(now / step):
+            last_batch_seen = batch
+            return True
+        return False
+
+    return check_interval
