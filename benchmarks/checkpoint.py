@@ -285,9 +285,8 @@ class _FirstBatchReady(Exception):
 
 
 def _resume_parts(samples: int, batch_size: int) -> tuple[Any, Any]:
-    from torch.utils.data import DataLoader, TensorDataset
-
     import torch.nn.functional as F
+    from torch.utils.data import DataLoader, TensorDataset
 
     from cadence import Callback, ComposerModel, dist
 

@@ -311,7 +311,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         first = done[0]
         peak = first["peak_tflops"]
         header += [
-            f"- command: python benchmarks/gpu_throughput.py "
+            "- command: python benchmarks/gpu_throughput.py "
             + " ".join(sys.argv[1:] if argv is None else argv),
             f"- device: {first['device']}; torch {first['torch']}; peak "
             + ("unknown (MFU not shown)" if peak is None
@@ -323,7 +323,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"({args.batch_size * args.seq_len:,} tokens a step); {args.warmup} warmup + "
             f"{args.steps} timed steps; AdamW"
             + (" (fused)" if args.device == "cuda" else ""),
-            f"- FLOPs/token = 6N + 12 * n_layer * n_embd * seq (PaLM App. B; nanoGPT)",
+            "- FLOPs/token = 6N + 12 * n_layer * n_embd * seq (PaLM App. B; nanoGPT)",
             "",
         ]
     print("\n".join(header + [_table(rows, args.markdown)]))

@@ -3,10 +3,10 @@
 Each row is one command, run ``--trials`` times (default 5) in a fresh process; rounds are
 interleaved (every row once per round, the order rotating each round) so load from other
 processes falls on every row alike. Reported per row: the median wall time (seconds, from
-``Popen`` to the child's exit), the median peak resident memory of the child (MiB:
-``ru_maxrss`` of the child's own resource usage, as ``resource.getrusage(RUSAGE_CHILDREN)``
-reports it, read per child with ``os.wait4``), and the ratio of its median wall time to that
-of ``import torch`` measured in the same run. Rows:
+starting the child to its exit), the median peak resident memory of the child (MiB: its
+``ru_maxrss``, read with ``os.wait4`` by a minimal spawner process, the one RSS method of
+``benchmarks/_common.py``), and the ratio of its median wall time to that of
+``import torch`` measured in the same run. Rows:
 
 - ``python -c "import torch"``: the floor every PyTorch program pays.
 - ``python -c "import cadence"``: imports nothing heavy (names are imported on first use).
@@ -39,11 +39,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Optional, Sequence
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # _common: also via importlib
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import measure_command  # noqa: E402
 
 __all__ = ["Row", "Result", "rows", "run_once", "measure", "format_table", "main"]
 
@@ -130,7 +133,7 @@ def rows(extra: bool = False, first_step: bool = False) -> list[Row]:
 
 
 def run_once(row: Row) -> tuple[float, float]:
-    """Run ``row`` once in a fresh process.
+    """Run ``row`` once in a fresh process (:func:`_common.measure_command`).
 
     Returns:
         ``(wall seconds, peak resident MiB)`` of the child.
@@ -140,19 +143,13 @@ def run_once(row: Row) -> tuple[float, float]:
             message holds the end of its stderr).
     """
     with tempfile.TemporaryFile() as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(row.argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
-        _, wait_status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(wait_status)  # reaped by wait4
-        if proc.returncode != row.status:
+        done = measure_command(row.argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+        if done.returncode != row.status:
             err.seek(0)
             tail = err.read().decode(errors="replace")[-2000:]
-            raise RuntimeError(f"{row.label!r} exited with {proc.returncode}, expected "
+            raise RuntimeError(f"{row.label!r} exited with {done.returncode}, expected "
                                f"{row.status}:\n{tail}")
-    # ru_maxrss is in KiB on Linux, in bytes on macOS.
-    peak = usage.ru_maxrss / (1024 * 1024 if sys.platform == "darwin" else 1024)
-    return wall, peak
+    return done.wall_s, done.peak_mib
 
 
 def measure(table: Sequence[Row], trials: int) -> list[Result]:

@@ -59,6 +59,7 @@ from cadence.core.data_spec import batch_to_device, num_samples, split_batch
 from cadence.parallel import is_shard_placement, unwrap_model
 from cadence.core.precision import Precision, get_precision_context
 from cadence.config.registry import algorithms
+from cadence.utils.dtensor import local_tensor
 
 __all__ = [
     "ChildTuning", "DEFAULT_PARAM_REGEX", "MODES", "child_tuning_f_mask_", "child_tuning_d_mask_",
@@ -77,11 +78,6 @@ trained)."""
 
 
 # ---------------------------------------------------------------------------------- helpers
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor (shares its storage), or the tensor itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
 def _like(reference: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     """``local`` as a DTensor laid out like ``reference`` (or plain, if ``reference`` is)."""
     if not isinstance(reference, DTensor):
@@ -101,7 +97,7 @@ def _shard_like(reference: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
     if tuple(tensor.shape) != tuple(reference.shape):
         raise ValueError(f"shape {tuple(tensor.shape)} does not match the parameter's "
                          f"{tuple(reference.shape)}")
-    device = _local(reference).device
+    device = local_tensor(reference).device
     if not isinstance(reference, DTensor):
         return tensor.to(device)
     return distribute_tensor(tensor.to(device), reference.device_mesh, reference.placements,
@@ -134,7 +130,7 @@ def _reduce(values: list[float], op: str, device: torch.device) -> list[float]:
 def _global_count(tensors: Iterable[torch.Tensor], count: Callable[[torch.Tensor], float],
                   device: torch.device) -> float:
     """``sum(count(local shard))`` over every global entry once (replicas counted once)."""
-    local = sum(_replication_weight(t) * count(_local(t)) for t in tensors)
+    local = sum(_replication_weight(t) * count(local_tensor(t)) for t in tensors)
     return _reduce([local], "sum", device)[0]
 
 
@@ -165,7 +161,7 @@ def child_tuning_f_mask_(grads: Iterable[torch.Tensor], reserve_p: float,
     _check_reserve_p(reserve_p)
     with torch.no_grad():
         for grad in grads:
-            local = _local(grad)
+            local = local_tensor(grad)
             if local.numel() == 0:
                 continue
             # uniform [0, 1) -> 1 where < reserve_p (kept), else 0 -> the kept entries' scale
@@ -197,7 +193,7 @@ def top_fraction_threshold(values: Iterable[torch.Tensor], fraction: float) -> f
     groups: dict[float, list[torch.Tensor]] = {}
     device = torch.device("cpu")
     for value in values:
-        local = _local(value).detach()
+        local = local_tensor(value).detach()
         device = local.device
         groups.setdefault(_replication_weight(value), []).append(local.reshape(-1).float())
     flat = {w: torch.cat(ts) for w, ts in groups.items()}
@@ -241,7 +237,7 @@ def fisher_mask(fisher: Mapping[str, torch.Tensor], reserve_p: float) -> dict[st
         name -> bool mask (``fisher >= threshold``), laid out like the Fisher tensor.
     """
     threshold = top_fraction_threshold(fisher.values(), reserve_p)
-    return {name: _like(f, _local(f) >= threshold) for name, f in fisher.items()}
+    return {name: _like(f, local_tensor(f) >= threshold) for name, f in fisher.items()}
 
 
 def child_tuning_d_mask_(grads: Iterable[Optional[torch.Tensor]],
@@ -255,7 +251,7 @@ def child_tuning_d_mask_(grads: Iterable[Optional[torch.Tensor]],
     with torch.no_grad():
         for grad, mask in zip(grads, masks):
             if grad is not None:
-                _local(grad).mul_(_local(mask))
+                local_tensor(grad).mul_(local_tensor(mask))
 
 
 def fisher_information(
@@ -284,7 +280,8 @@ def fisher_information(
     Returns:
         name -> fp32 Fisher estimate, laid out like the parameter; zeros if no batches.
     """
-    fisher = {name: torch.zeros_like(_local(p), dtype=torch.float32) for name, p in params.items()}
+    fisher = {name: torch.zeros_like(local_tensor(p), dtype=torch.float32)
+              for name, p in params.items()}
     count = 0
     for p in params.values():
         p.grad = None
@@ -298,7 +295,7 @@ def fisher_information(
         with torch.no_grad():
             for name, p in params.items():
                 if p.grad is not None:
-                    fisher[name].add_(_local(p.grad).float().square())
+                    fisher[name].add_(local_tensor(p.grad).float().square())
                     p.grad = None
         model.zero_grad(set_to_none=True)
         count += 1
@@ -439,7 +436,7 @@ class ChildTuning(Algorithm):
         groups: dict[tuple[torch.device, int], list[torch.Tensor]] = {}
         for p in self._params.values():
             if p.grad is not None:
-                key = (_local(p.grad).device, _shard_index(p.grad))
+                key = (local_tensor(p.grad).device, _shard_index(p.grad))
                 groups.setdefault(key, []).append(p.grad)
         for (device, shard), grads in groups.items():
             generator = torch.Generator(device=device)
@@ -490,7 +487,7 @@ class ChildTuning(Algorithm):
         if self.mode == "D":
             sd["mask_ready"] = bool(self.masks)
             sd["mask"] = dict(self.masks) if self.masks else {
-                n: _like(p, torch.zeros_like(_local(p), dtype=torch.bool))
+                n: _like(p, torch.zeros_like(local_tensor(p), dtype=torch.bool))
                 for n, p in self._params.items()}
         return sd
 

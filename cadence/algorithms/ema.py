@@ -34,17 +34,13 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from cadence.core import Algorithm, Event, State, Time, TimeUnit
 from cadence.parallel import unwrap_model
 from cadence.config.registry import algorithms
+from cadence.utils.dtensor import local_tensor
 
 __all__ = ["EMA", "compute_ema", "smoothing_from_half_life"]
 
 log = logging.getLogger(__name__)
 
 _UNITS = (TimeUnit.BATCH, TimeUnit.EPOCH, TimeUnit.SAMPLE, TimeUnit.TOKEN)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor (shares its storage), or the tensor itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def smoothing_from_half_life(half_life: Time, update_interval: Time) -> float:
@@ -86,8 +82,8 @@ def compute_ema(model: nn.Module, ema_model: Union[nn.Module, dict[str, torch.Te
     current = _named_tensors(model)
     names = [n for n in ema if n in current]
     with torch.no_grad():
-        targets = [_local(ema[n]) for n in names]
-        sources = [_local(current[n]).to(targets[i].dtype) for i, n in enumerate(names)]
+        targets = [local_tensor(ema[n]) for n in names]
+        sources = [local_tensor(current[n]).to(targets[i].dtype) for i, n in enumerate(names)]
         if targets:
             torch._foreach_lerp_(targets, sources, 1.0 - smoothing)
 
@@ -114,7 +110,7 @@ def _swap(model: nn.Module, other: dict[str, torch.Tensor]) -> None:
     current = _named_tensors(model)
     with torch.no_grad():
         for name, stored in other.items():
-            mine, theirs = _local(current[name]), _local(stored)
+            mine, theirs = local_tensor(current[name]), local_tensor(stored)
             kept = mine.detach().clone()
             mine.copy_(theirs)
             theirs.copy_(kept)
@@ -291,7 +287,7 @@ def _like_tensor(reference: torch.Tensor, value: torch.Tensor, name: str) -> tor
     if tuple(value.shape) != tuple(reference.shape):
         raise ValueError(f"EMA: {name} has shape {tuple(value.shape)} in the checkpoint, "
                          f"{tuple(reference.shape)} in the model.")
-    value = value.detach().to(device=_local(reference).device, dtype=reference.dtype)
+    value = value.detach().to(device=local_tensor(reference).device, dtype=reference.dtype)
     if isinstance(reference, DTensor):
         return distribute_tensor(value, reference.device_mesh, reference.placements,
                                  src_data_rank=None)

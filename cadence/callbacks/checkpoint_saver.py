@@ -12,16 +12,13 @@ import secrets
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from cadence.utils import dist
 from cadence.checkpoint.async_save import AsyncCheckpointer
-from cadence.checkpoint.checkpoint import (
-    FORMATS, CheckpointError, read_metadata, save_checkpoint,
-)
-from cadence.checkpoint.files import (
-    TMP_MARK, format_name, remove_checkpoint, write_latest,
-)
-from cadence.checkpoint.remote import RemoteFolder, is_remote, local_path
+from cadence.checkpoint.checkpoint import FORMATS, CheckpointError, read_metadata, save_checkpoint
+from cadence.checkpoint.files import TMP_MARK, format_name, remove_checkpoint, write_latest
+from cadence.checkpoint.remote import RemoteFolder
+from cadence.checkpoint.run_folder import RunFolder
 from cadence.core import Callback, Event, State, Time, TimeUnit
+from cadence.utils import dist
 
 __all__ = ["CheckpointSaver"]
 
@@ -38,7 +35,8 @@ class CheckpointSaver(Callback):
         folder: where checkpoints go; ``{run_name}`` is filled in. Default ``runs/{run_name}``.
             An fsspec URL (``s3://bucket/runs/{run_name}``) saves to object storage: each
             checkpoint is written to a local stage, uploaded, then marked complete, then
-            pointed at (:mod:`~cadence.checkpoint.remote`).
+            pointed at (:mod:`~cadence.checkpoint.remote`). Or the run's
+            :class:`~cadence.checkpoint.run_folder.RunFolder` (the Trainer passes its own).
         filename: checkpoint name, with ``{run_name}``, ``{epoch}``, ``{batch}``, ``{rank}``;
             a ``full`` checkpoint gets ``.pt`` appended when missing, a ``sharded`` one is a
             directory. Default ``ep{epoch}-ba{batch}``.
@@ -90,7 +88,8 @@ class CheckpointSaver(Callback):
             attempt died before pointing ``latest`` at it, and it is replaced).
     """
 
-    def __init__(self, folder: str = "runs/{run_name}", filename: str = "ep{epoch}-ba{batch}",
+    def __init__(self, folder: Union[str, RunFolder] = "runs/{run_name}",
+                 filename: str = "ep{epoch}-ba{batch}",
                  latest_filename: str = "latest-{run_name}", save_interval: SaveInterval = "1ep",
                  num_checkpoints_to_keep: int = -1, overwrite: bool = False,
                  weights_only: bool = False, state_dict_type: str = "full",
@@ -104,7 +103,8 @@ class CheckpointSaver(Callback):
         if num_checkpoints_to_keep < -1:
             raise ValueError(f"save_num_checkpoints_to_keep must be -1 (all), 0 (none kept "
                              f"locally) or positive, got {num_checkpoints_to_keep}.")
-        if num_checkpoints_to_keep == 0 and is_remote(folder):
+        given = folder if isinstance(folder, RunFolder) else None
+        if num_checkpoints_to_keep == 0 and (given or RunFolder(folder)).is_remote:
             raise ValueError(f"save_num_checkpoints_to_keep=0 with the remote save_folder "
                              f"{folder} would delete each checkpoint from the bucket right "
                              f"after writing it; use -1 (keep all) or a number >= 1.")
@@ -114,7 +114,8 @@ class CheckpointSaver(Callback):
             save_interval, TimeUnit.EPOCH)
         self.save_interval: Callable[[State, Event], bool] = (
             save_interval if callable(save_interval) else self._due)
-        self.folder, self.filename = folder, filename
+        self.folder = folder.url if isinstance(folder, RunFolder) else folder
+        self.filename = filename
         self.latest_filename = latest_filename
         self.symlink_filename = symlink_filename
         self.remote_file_name = remote_file_name
@@ -125,8 +126,8 @@ class CheckpointSaver(Callback):
         self.saved: list[str] = []  # names of the checkpoints this run wrote, oldest first
         self._last_saved_batch: Optional[int] = None
         self._start_batch = 0  # where this process's training starts (the loaded batch)
-        self._folder_path: Optional[Path] = None
-        self._remote: Optional[RemoteFolder] = None
+        self._fixed_folder = given is not None  # the Trainer's: no template to fill in
+        self._run_folder: Optional[RunFolder] = given
         self.save_async = save_async
         self._async: Optional[AsyncCheckpointer] = AsyncCheckpointer() if save_async else None
 
@@ -139,28 +140,33 @@ class CheckpointSaver(Callback):
     def saved_checkpoints(self) -> list[str]:
         """Paths (URLs in a remote folder) of the checkpoints this run saved and still
         keeps, oldest first."""
-        if self._remote is not None:
-            return [self._remote.url_of(name) for name in self.saved]
-        if self._folder_path is None:
+        if self._run_folder is None:
             return []
-        return [str(self._folder_path / name) for name in self.saved]
+        return [self._run_folder.location(name) for name in self.saved]
+
+    def run_folder(self, state: State) -> RunFolder:
+        """The checkpoint folder of ``state``'s run (``{run_name}`` filled in), local or
+        remote: the one given, else built once per run name.
+
+        Raises:
+            ValueError: a URL whose filesystem is not installed (names the extra).
+        """
+        if self._fixed_folder:
+            assert self._run_folder is not None
+            return self._run_folder
+        url = self.folder.format(run_name=state.run_name)
+        if self._run_folder is None or self._run_folder.url != url:
+            self._run_folder = RunFolder(url)
+        return self._run_folder
 
     def folder_path(self, state: State) -> Path:
-        """The local checkpoint folder of ``state``'s run (``{run_name}`` filled in); for a
-        remote folder, its local stage."""
-        remote = self.remote_folder(state)
-        if remote is not None:
-            return remote.stage
-        return local_path(self.folder.format(run_name=state.run_name))
+        """The local checkpoint folder of ``state``'s run; for a remote folder, its local
+        stage."""
+        return self.run_folder(state).local
 
     def remote_folder(self, state: State) -> Optional[RemoteFolder]:
         """The remote checkpoint folder of ``state``'s run, or None when it is local."""
-        url = self.folder.format(run_name=state.run_name)
-        if not is_remote(url):
-            return None
-        if self._remote is None or self._remote.url != url.rstrip("/"):
-            self._remote = RemoteFolder(url)
-        return self._remote
+        return self.run_folder(state).remote
 
     def _due(self, state: State, event: Event) -> bool:
         if callable(self.interval):
@@ -236,15 +242,14 @@ class CheckpointSaver(Callback):
         if filename is None and self._last_saved_batch == int(state.timestamp.batch):
             return None
         weights_only = self.weights_only if weights_only is None else weights_only
-        folder = self.folder_path(state)
-        self._folder_path = folder
+        run_folder = self.run_folder(state)
+        folder, remote = run_folder.local, run_folder.remote
         fields = dict(run_name=state.run_name, epoch=int(state.timestamp.epoch),
                       batch=int(state.timestamp.batch), rank=0)
         name = format_name(filename or self.filename, **fields)
         if self.state_dict_type == "full" and not name.endswith(".pt"):
             name += ".pt"
         path = folder / name
-        remote = self.remote_folder(state)
         if remote is not None:
             self._clear_remote_target(state, remote, name)
         elif path.exists() and not self.overwrite and not self._abandoned(state, path):

@@ -68,8 +68,8 @@ from cadence.checkpoint.cpu_staging import (
 from cadence.checkpoint.errors import CheckpointWriteError
 from cadence.checkpoint.files import remove_checkpoint, temporary_path
 from cadence.checkpoint.manifest import HashingFileSystemWriter
-from cadence.checkpoint.writing import (  # _os_error: same package
-    _os_error, save_failure_message, write_extra_and_manifest, write_full_file,
+from cadence.checkpoint.writing import (
+    find_os_error, save_failure_message, write_extra_and_manifest, write_full_file,
 )
 from cadence.core.state import State
 
@@ -353,6 +353,6 @@ def _agree(failure: Optional[BaseException], tmp: Path, path: Path, group: Any) 
     rank, message = ((dist.get_global_rank(), mine) if mine is not None else failed[0])
     error = CheckpointWriteError(f"The asynchronous save of checkpoint {path} failed on rank "
                                  f"{rank}: {message}")
-    os_error = None if failure is None else _os_error(failure)
+    os_error = None if failure is None else find_os_error(failure)
     error.errno = None if os_error is None else os_error.errno
     raise error from failure

@@ -73,9 +73,10 @@ from cadence.checkpoint.writing import (
 from cadence.core.state import State
 from cadence.core.time import Timestamp
 
-__all__ = ["save_checkpoint", "load_checkpoint", "read_metadata", "not_loadable",
-           "verify", "SafeLoadPlanner", "CheckpointError", "collect_checkpoint",
-           "rename_into_place"]
+__all__ = ["FORMATS", "CheckpointError", "SafeLoadPlanner", "collect_checkpoint",
+           "describe_dcp_failure", "load_checkpoint", "load_verified", "not_loadable",
+           "read_metadata", "rename_into_place", "safe_torch_load", "save_checkpoint",
+           "state_keys", "verify"]
 
 FORMATS = ("full", "sharded")
 
@@ -282,7 +283,7 @@ def not_loadable(path: Path) -> str:
     return f"Checkpoint file {path} is empty (its save did not finish); load an earlier one."
 
 
-def _dcp_failure(exc: BaseException) -> str:
+def describe_dcp_failure(exc: BaseException) -> str:
     """A one-line-per-rank summary of a DCP failure (``CheckpointException`` is a
     ``BaseException`` whose ``str`` is every rank's whole traceback): ``rank 0:
     FileNotFoundError: ... '<dir>/__0_0.distcp'``."""
@@ -312,7 +313,13 @@ def _optimizer_mismatch(path: Path, optimizer: Optional[torch.optim.Optimizer],
             f"load_ignore_keys=['optimizers'] to keep its schedulers and timestamp.")
 
 
-def _torch_load(path: Path, mmap: bool = False) -> Any:
+def safe_torch_load(path: Path, mmap: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)`` to CPU (``mmap``: memory-mapped), rank-local.
+
+    Raises:
+        CheckpointError: the file is missing, truncated or corrupt, or holds an object that
+            is not allowed in a checkpoint (the message names the file and what to do).
+    """
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
@@ -342,8 +349,8 @@ def read_metadata(path: Path) -> dict[str, Any]:
     if not is_complete(path):
         raise CheckpointError(not_loadable(path))
     # a full file is memory-mapped: reading its metadata does not read its tensors
-    extra = _torch_load(path / EXTRA_FILE, mmap=False) if path.is_dir() else _torch_load(
-        path, mmap=True)
+    extra = (safe_torch_load(path / EXTRA_FILE, mmap=False) if path.is_dir()
+             else safe_torch_load(path, mmap=True))
     return dict(extra["metadata"])
 
 
@@ -362,16 +369,24 @@ def verify(path: Path, part: tuple[int, int] = (0, 1)) -> None:
                     "no manifest.json in it" if path.is_dir() else "no CRC32C in its zip comment")
 
 
-def _load_verified(path: Path, checksums: bool) -> Any:
+def load_verified(path: Path, checksums: bool) -> Any:
     """``torch.load(weights_only=True)`` the full file at ``path`` while a thread checks its
     CRC32C (the two overlap: CRC32C runs without the GIL); returns when both are done, so no
     tensor is used unverified. The unpickler's verdict is reported first, so a hostile file
-    is named as such rather than as corrupt."""
+    is named as such rather than as corrupt.
+
+    Args:
+        path: a ``full`` checkpoint file.
+        checksums: check its CRC32C (False: only load it).
+
+    Raises:
+        CheckpointError: as :func:`safe_torch_load`, or the file differs from its CRC32C.
+    """
     if not checksums:
-        return _torch_load(path)
+        return safe_torch_load(path)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify") as pool:
         verified = pool.submit(verify, path)
-        loaded = _torch_load(path)  # on error, leaving the block waits for the thread
+        loaded = safe_torch_load(path)  # on error, leaving the block waits for the thread
     verified.result()
     return loaded
 
@@ -438,7 +453,7 @@ def _load_full(state: State, path: Path, weights_only: bool, strict: bool,
     loaded: Any = None
     if rank0:
         try:
-            loaded = _load_verified(path, checksums)
+            loaded = load_verified(path, checksums)
         except CheckpointError as exc:
             error[0] = str(exc)
     dist.broadcast_object_list(error)
@@ -477,7 +492,7 @@ def _read_sharded_parts(reader: SafeFileSystemReader, path: Path,
     unpickler, ``extra.pt`` with ``weights_only``, then this rank's share of the checksums
     (ranks split the files). Returns ``extra.pt``'s contents."""
     reader.read_metadata()
-    extra = _torch_load(path / EXTRA_FILE)
+    extra = safe_torch_load(path / EXTRA_FILE)
     if checksums:
         verify(path, part=(dist.get_global_rank(), dist.get_world_size()))
     return extra
@@ -503,7 +518,7 @@ def _load_sharded(state: State, path: Path, weights_only: bool, strict: bool,
             dcp.load(template, storage_reader=reader, no_dist=not dist.is_initialized(),
                      planner=SafeLoadPlanner(allow_partial_load=not strict or bool(ignore_keys)))
     except (Exception, CheckpointException) as exc:  # a missing shard file, a missing key...
-        failure = _dcp_failure(exc)
+        failure = describe_dcp_failure(exc)
         if "Missing key in checkpoint state_dict: optimizers." in failure:
             raise CheckpointError(_optimizer_mismatch(path, None, failure)) from exc
         raise CheckpointError(f"Cannot load sharded checkpoint {path}: {failure}") from exc

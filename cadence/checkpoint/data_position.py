@@ -27,7 +27,12 @@ What each kind of train dataloader gets on a resume mid-epoch:
 - A ``DataLoader`` over an ``IterableDataset``: replayed (the consumed batches are loaded
   again and dropped) from the recorded RNG state, with a warning.
 - Any other iterable: replayed from a fresh ``iter()`` with a warning
-  (:func:`~cadence.checkpoint.resume.skip_consumed_batches`).
+  (:func:`skip_consumed_batches`, also the fallback when the checkpoint has no usable record:
+  a ``DataLoader`` with a plain ``BatchSampler`` then skips the consumed prefix of its
+  sampler's indices without loading it).
+
+Both ways of skipping without loading rebuild the loader over the remaining indices
+(:class:`RemainingIndices`, :func:`rebuild_dataloader`), keeping every constructor argument.
 
 Assumptions: a sampler draws its randomness when its iteration starts (every torch sampler
 does), and nothing else draws from the global RNG between the epoch's ``iter()`` and its
@@ -40,14 +45,15 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, Iterator, Optional, Sized
+from typing import Any, Iterable, Iterator, Optional, Sized
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, Sampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
 
 from cadence.utils import dist
 
-__all__ = ["iter_epoch", "load_data_position", "save_data_position"]
+__all__ = ["RemainingIndices", "iter_epoch", "load_data_position", "rebuild_dataloader",
+           "save_data_position", "skip_consumed_batches"]
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +154,6 @@ def iter_epoch(dataloader: Any, epoch: int, batch_in_epoch: int,
                         "order may differ from the uninterrupted run).", restored.get("epoch"),
                         epoch, batch_in_epoch)
     if batch_in_epoch > 0:  # no usable record (an older checkpoint, another world size...)
-        from cadence.checkpoint.resume import skip_consumed_batches
-
         return skip_consumed_batches(dataloader, batch_in_epoch)
     if tracker is None or not isinstance(dataloader, DataLoader) or _is_stateful_loader(
             dataloader):
@@ -200,14 +204,26 @@ def _restore_generators(dataloader: DataLoader, restored: dict[str, Any],
         generator.set_state(state)
 
 
-class _Remaining(Sampler[Any]):
-    """The rest of an index iterator already advanced past the consumed batches."""
+class RemainingIndices(Sampler[Any]):
+    """The indices (or index batches) of ``source`` after its first ``skip``.
 
-    def __init__(self, indices: Iterator[Any], length: Optional[int]) -> None:
-        self.indices, self.length = indices, length
+    Args:
+        source: a sampler, iterated when this is (its randomness is then drawn, as for the
+            epoch it stands for); or an iterator already advanced past the consumed indices
+            (``skip`` 0).
+        skip: how many of ``source``'s indices to drop from the front.
+        length: how many it yields, if known (``len()`` raises ``TypeError`` otherwise).
+    """
+
+    def __init__(self, source: Iterable[Any], skip: int = 0,
+                 length: Optional[int] = None) -> None:
+        self.source, self.skip, self.length = source, skip, length
 
     def __iter__(self) -> Iterator[Any]:
-        return self.indices
+        if self.skip == 0:
+            return iter(self.source)
+        indices = list(iter(self.source))  # indices only: no sample is loaded here
+        return iter(indices[self.skip:])
 
     def __len__(self) -> int:
         if self.length is None:
@@ -216,7 +232,8 @@ class _Remaining(Sampler[Any]):
 
 
 def _loader_options(dataloader: DataLoader) -> dict[str, Any]:
-    """The constructor arguments of ``dataloader`` besides its dataset and index order."""
+    """The constructor arguments of ``dataloader`` besides its dataset, index order and
+    generator (``persistent_workers`` stays off: a rebuilt loader serves one partial epoch)."""
     options: dict[str, Any] = {
         "num_workers": dataloader.num_workers, "collate_fn": dataloader.collate_fn,
         "pin_memory": dataloader.pin_memory, "timeout": dataloader.timeout,
@@ -229,6 +246,27 @@ def _loader_options(dataloader: DataLoader) -> dict[str, Any]:
     if hasattr(dataloader, "in_order"):
         options["in_order"] = dataloader.in_order
     return options
+
+
+def rebuild_dataloader(dataloader: DataLoader, indices: Sampler[Any],
+                       generator: Optional[torch.Generator]) -> DataLoader:
+    """``dataloader`` over other indices: the same dataset and constructor arguments
+    (workers, ``collate_fn``, ``pin_memory``, ``timeout``, ``worker_init_fn``,
+    ``multiprocessing_context``, ``prefetch_factor``...; not ``persistent_workers``), with
+    ``indices`` as its batch sampler when it has one (index batches), else as its sampler.
+
+    Args:
+        dataloader: the loader to rebuild.
+        indices: the index batches (or, for a loader without a batch sampler, the indices)
+            to load, e.g. a :class:`RemainingIndices`.
+        generator: the generator the workers' ``base_seed`` is drawn from (None: the global
+            torch RNG).
+    """
+    if dataloader.batch_sampler is not None:
+        return DataLoader(dataloader.dataset, batch_sampler=indices, generator=generator,
+                          **_loader_options(dataloader))
+    return DataLoader(dataloader.dataset, batch_size=None, sampler=indices, generator=generator,
+                      **_loader_options(dataloader))
 
 
 def _resume_dataloader(dataloader: DataLoader, tracker: _Tracker, origin: dict[str, Any],
@@ -262,19 +300,57 @@ def _resume_dataloader(dataloader: DataLoader, tracker: _Tracker, origin: dict[s
     finally:
         torch.set_rng_state(now)
     total = len(index_sampler) if isinstance(index_sampler, Sized) else None
-    rest = _Remaining(indices, None if total is None else max(0, total - skip))
+    rest = RemainingIndices(indices, length=None if total is None else max(0, total - skip))
     seed_source = origin.get("seed_source")
     generator = _seed_generator(seed_source) if seed_source is not None else None
-    if dataloader.batch_sampler is not None:
-        resumed = DataLoader(dataloader.dataset, batch_sampler=rest, generator=generator,
-                             **_loader_options(dataloader))
-    else:
-        resumed = DataLoader(dataloader.dataset, batch_size=None, sampler=rest,
-                             generator=generator, **_loader_options(dataloader))
+    resumed = rebuild_dataloader(dataloader, rest, generator)
     now = torch.get_rng_state()
     iterator = iter(resumed)  # draws the workers' base_seed from ``generator`` only
     torch.set_rng_state(now)
     return iterator, rest.length
+
+
+def skip_consumed_batches(dataloader: Any, batches: int) -> tuple[Iterator[Any], Optional[int]]:
+    """An iterator over ``dataloader``'s current epoch after its first ``batches`` batches,
+    and how many batches it will yield (None if unknown).
+
+    The torch RNG is left as it was: creating a DataLoader iterator draws a seed from it,
+    which the uninterrupted run did at the start of the epoch, before the checkpoint.
+
+    The fallback of :func:`iter_epoch` when the checkpoint has no data position for this
+    rank (an older checkpoint, another world size): a ``DataLoader`` with a plain
+    ``BatchSampler`` is rebuilt over its sampler's indices minus the consumed prefix
+    (exact for a seeded sampler, ``cadence.dist.get_sampler``; a ``RandomSampler`` draws its
+    order anew, warned); any other iterable is advanced batch by batch (warned).
+    """
+    rng = torch.get_rng_state()
+    if (isinstance(dataloader, DataLoader) and isinstance(dataloader.batch_sampler, BatchSampler)
+            and type(dataloader.batch_sampler) is BatchSampler):
+        if isinstance(dataloader.batch_sampler.sampler, RandomSampler):
+            log.warning("Resuming mid-epoch without the checkpoint's data position (an older "
+                        "checkpoint, or another world size): the RandomSampler draws a new "
+                        "order for the rest of this epoch, so some of its samples may be seen "
+                        "twice and others not at all.")
+        sampler = dataloader.batch_sampler.sampler
+        batch_size = dataloader.batch_sampler.batch_size
+        skip = batches * batch_size
+        rest = RemainingIndices(sampler, skip, max(0, len(sampler) - skip))  # type: ignore[arg-type]
+        resumed = rebuild_dataloader(
+            dataloader, BatchSampler(rest, batch_size, dataloader.batch_sampler.drop_last),
+            dataloader.generator)
+        iterator, length = iter(resumed), len(resumed)
+    else:
+        log.warning("Resuming mid-epoch by replaying %d batches of a %s (it has no sampler to "
+                    "skip with).", batches, type(dataloader).__name__)
+        iterator = iter(dataloader)
+        for _ in range(batches):
+            next(iterator)
+        try:
+            length = len(dataloader) - batches
+        except TypeError:
+            length = None
+    torch.set_rng_state(rng)
+    return iterator, length
 
 
 def _resume_stateful(dataloader: Any, state: dict[str, Any], batch_in_epoch: int

@@ -21,8 +21,8 @@ from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlan
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from cadence.checkpoint.checkpoint import (
-    CheckpointError, SafeLoadPlanner, _dcp_failure, _load_verified, _torch_load, not_loadable,
-    verify,
+    CheckpointError, SafeLoadPlanner, describe_dcp_failure, load_verified, not_loadable,
+    safe_torch_load, verify,
 )
 from cadence.checkpoint.files import (
     EXTRA_FILE, is_complete, remove_checkpoint, temporary_path,
@@ -90,10 +90,10 @@ def load_full_state(path: Path) -> dict[str, Any]:
     if not is_complete(path):
         raise CheckpointError(not_loadable(path))
     if path.is_file():
-        return dict(_load_verified(path, checksums=True))
+        return dict(load_verified(path, checksums=True))
     reader = SafeFileSystemReader(str(path))
     reader.read_metadata()  # the restricted unpickler's verdict first, then the checksums
-    extra = _torch_load(path / EXTRA_FILE)
+    extra = safe_torch_load(path / EXTRA_FILE)
     verify(path)
     state: dict[str, Any] = {}
     with warnings.catch_warnings():
@@ -106,7 +106,7 @@ def load_full_state(path: Path) -> dict[str, Any]:
                              no_dist=True)
         except (Exception, CheckpointException) as exc:
             raise CheckpointError(f"Cannot read sharded checkpoint {path}: "
-                                  f"{_dcp_failure(exc)}") from exc
+                                  f"{describe_dcp_failure(exc)}") from exc
     state.update(extra)
     return state
 

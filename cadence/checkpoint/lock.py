@@ -22,6 +22,30 @@ How holding is decided:
   (which cannot be checked from here), is refused.
 - A second Trainer in the same process (a notebook, a test) takes the lock over from the
   earlier one, which was not closed.
+
+Remote save folders (``s3://...``) have no ``fcntl``, and the holder's death cannot be
+observed there, so the lock is an *object* ``<url>/cadence.lock`` kept fresh by a heartbeat.
+It holds the same record plus a ``heartbeat`` (seconds since the epoch), rewritten every
+:data:`HEARTBEAT_SECONDS` by a daemon thread of rank 0 while the run lives. A starting run:
+
+- creates the object if there is none. On S3 this is a conditional put
+  (``If-None-Match: *``, s3fs ``mode="create"``): of two runs starting at once exactly one
+  succeeds, the other is refused. Stores without conditional writes get a plain write
+  (then two simultaneous starts can both succeed: best effort);
+- refuses to start while the holder's heartbeat is younger than :data:`STALE_SECONDS`,
+  naming the holder, its last heartbeat and the fix, unless the holder is on this host and
+  its process is gone (then it is taken over at once, with a warning: a preempted run
+  relaunched on the same node waits for nothing);
+- takes over a stale lock (heartbeat older than :data:`STALE_SECONDS`) with a warning.
+
+What the remote lock guarantees: a second run started in a folder while the first is alive
+and can reach the store is refused. It is not a proof of mutual exclusion: a holder cut off
+from the store for longer than :data:`STALE_SECONDS` loses its lock without knowing, and
+takeover is delete-then-create, so it relies on the heartbeat, not on a compare-and-swap.
+Release (at ``close()`` or exit) deletes the object if it still holds this run's token.
+
+Which of the two a run takes is decided by its
+:class:`~cadence.checkpoint.run_folder.RunFolder` (rank 0 locks; every rank raises).
 """
 
 from __future__ import annotations
@@ -35,14 +59,16 @@ import logging
 import os
 import secrets
 import socket
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar, Union
 
-from cadence.utils import dist
+from cadence.checkpoint.remote import get_filesystem, join
 
-__all__ = ["LOCK_FILENAME", "RunLock", "SaveFolderInUse", "acquire_run_lock", "lock_save_folder",
-           "release_on_error"]
+__all__ = ["HEARTBEAT_SECONDS", "LOCK_FILENAME", "STALE_SECONDS", "AnyRunLock",
+           "RemoteRunLock", "RunLock", "SaveFolderInUse", "acquire_remote_lock",
+           "acquire_run_lock", "alive", "describe", "holder_record", "release_on_error"]
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +76,13 @@ _F = TypeVar("_F", bound=Callable[..., None])
 
 #: The lock file's name inside the save folder.
 LOCK_FILENAME = "cadence.lock"
+#: How often the holder of a remote lock rewrites its heartbeat (seconds).
+HEARTBEAT_SECONDS = 60.0
+#: A remote lock whose heartbeat is older than this (seconds) is stale and taken over.
+STALE_SECONDS = 300.0
 
-_HELD: dict[str, RunLock] = {}  # lock path -> the lock this process holds on it
+#: lock file path (local) or folder URL (remote) -> the lock this process holds on it
+_HELD: dict[str, AnyRunLock] = {}
 _NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
 
 
@@ -70,7 +101,7 @@ def _proc_start(pid: int) -> Optional[int]:
         return None
 
 
-def _alive(holder: dict[str, Any]) -> bool:
+def alive(holder: dict[str, Any]) -> bool:
     """Whether ``holder`` (on this host) is a live process: its PID exists, has not ended,
     and started when the holder did (so a reused PID is not taken for it)."""
     pid = int(holder.get("pid", -1))
@@ -88,7 +119,8 @@ def _alive(holder: dict[str, Any]) -> bool:
     return start is not None and holder.get("pid_start") in (None, start)
 
 
-def _describe(holder: dict[str, Any]) -> str:
+def describe(holder: dict[str, Any]) -> str:
+    """A lock holder's record as a refusal names it: run, host, PID and start time."""
     return (f"run {holder.get('run_name')!r} (host {holder.get('host')}, pid "
             f"{holder.get('pid')}, started {holder.get('started')})")
 
@@ -137,7 +169,7 @@ class RunLock:
 
 
 def _refusal(path: Path, holder: Optional[dict[str, Any]], how: str) -> SaveFolderInUse:
-    who = _describe(holder) if holder else "another process (the lock file names no holder)"
+    who = describe(holder) if holder else "another process (the lock file names no holder)"
     return SaveFolderInUse(
         f"save_folder {path.parent} is in use by {who}, which {how}. Two runs in one save "
         f"folder would overwrite each other's checkpoints. Wait for that run to end (or stop "
@@ -163,11 +195,12 @@ def _write_holder(fd: int, run_name: str, token: str) -> None:
 
 def _take_over_warning(path: Path, holder: dict[str, Any]) -> None:
     log.warning("Taking over the lock %s of %s, which is no longer running (it ended without "
-                "releasing it).", path, _describe(holder))
+                "releasing it).", path, describe(holder))
 
 
 def acquire_run_lock(folder: Path, run_name: str) -> RunLock:
-    """Lock ``folder`` for this process's run (rank-local; see :func:`lock_save_folder`).
+    """Lock ``folder`` for this process's run (rank-local; rank 0 calls it through
+    :meth:`~cadence.checkpoint.run_folder.RunFolder.lock`).
 
     Raises:
         SaveFolderInUse: a live run holds the folder; the message names its host, PID and
@@ -204,7 +237,7 @@ def acquire_run_lock(folder: Path, run_name: str) -> RunLock:
         holder = _read_holder(fd)
         if holder is not None:
             if (holder.get("host") == socket.gethostname() and holder.get("pid") != os.getpid()
-                    and _alive(holder)):
+                    and alive(holder)):
                 os.close(fd)  # its lock is not visible here, but the process runs
                 raise _refusal(path, holder, "is running on this host")
             _take_over_warning(path, holder)
@@ -229,7 +262,7 @@ def _acquire_without_locks(path: Path, run_name: str, token: str) -> RunLock:
             if holder is None or holder.get("host") != socket.gethostname():
                 raise _refusal(path, holder, "may be running on another host (this "
                                              "filesystem has no file locks to check)") from None
-            if _alive(holder):
+            if alive(holder):
                 raise _refusal(path, holder, "is running") from None
             _take_over_warning(path, holder)
             path.unlink(missing_ok=True)
@@ -241,38 +274,123 @@ def _acquire_without_locks(path: Path, run_name: str, token: str) -> RunLock:
                           f"save_folder {path.parent}.")
 
 
-def lock_save_folder(folder: Optional[str], run_name: str) -> Optional[Any]:
-    """Rank 0 locks the run's ``folder`` (a remote URL: a lock object with a heartbeat,
-    :mod:`~cadence.checkpoint.remote_lock`); every rank raises if it could not (a
-    collective when several ranks run). No folder: no lock.
+# ---------------------------------------------------------------------------- remote
+class RemoteRunLock:
+    """The lock this process holds on a remote save folder; :meth:`release` gives it back."""
 
-    Returns:
-        The lock (its ``release()`` gives it back) on rank 0, else None.
+    def __init__(self, url: str, fs: Any, key: str, holder: dict[str, Any]) -> None:
+        self.url, self._fs, self._key, self._holder = url, fs, key, holder
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="cadence-lock-heartbeat",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def held(self) -> bool:
+        return not self._stop.is_set()
+
+    @property
+    def token(self) -> str:
+        return str(self._holder["token"])
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            try:
+                self.heartbeat()
+            except Exception as exc:  # noqa: BLE001 - the store is unreachable for now
+                log.warning("Could not refresh the lock %s: %s", self.url, exc)
+
+    def heartbeat(self) -> None:
+        """Rewrite the heartbeat, unless another run has taken the lock over (then warn)."""
+        current = _read_remote_holder(self._fs, self._key)
+        if current is not None and current.get("token") != self.token:
+            log.warning("The lock %s was taken over by %s; this run no longer holds its save "
+                        "folder.", self.url, describe(current))
+            self._stop.set()
+            return
+        self._holder["heartbeat"] = time.time()
+        self._fs.pipe_file(self._key, json.dumps(self._holder).encode())
+
+    def release(self) -> None:
+        """Stop the heartbeat and delete the lock object if it is still this run's
+        (idempotent)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if _HELD.get(self.url) is self:
+            del _HELD[self.url]
+        try:
+            current = _read_remote_holder(self._fs, self._key)
+            if current is not None and current.get("token") == self.token:
+                self._fs.rm(self._key)
+        except Exception as exc:  # noqa: BLE001 - left to go stale
+            log.warning("Could not remove the lock %s (%s); it goes stale in %.0f s.",
+                        self.url, exc, STALE_SECONDS)
+
+
+def _read_remote_holder(fs: Any, key: str) -> Optional[dict[str, Any]]:
+    fs.invalidate_cache()
+    try:
+        raw = fs.cat_file(key)
+    except FileNotFoundError:
+        return None
+    try:
+        holder = json.loads(raw)
+    except ValueError:
+        return {"host": "?", "pid": -1, "started": "?", "run_name": "?", "heartbeat": 0}
+    return holder if isinstance(holder, dict) else None
+
+
+def _create_object(fs: Any, key: str, data: bytes) -> bool:
+    """Create ``key`` only if it does not exist (conditional put where the store has it);
+    False when another writer created it first."""
+    try:
+        fs.pipe_file(key, data, mode="create")
+    except TypeError:  # a filesystem without exclusive creation: best effort
+        fs.pipe_file(key, data)
+    except FileExistsError:  # s3fs: the store's "412 Precondition Failed"
+        return False
+    return True
+
+
+def acquire_remote_lock(url: str, run_name: str) -> RemoteRunLock:
+    """Lock the remote folder ``url`` for this process's run (rank-local; rank 0 calls it
+    through :meth:`~cadence.checkpoint.run_folder.RunFolder.lock`).
 
     Raises:
-        SaveFolderInUse: another live run holds ``folder``.
+        SaveFolderInUse: a live run holds the folder (names it, its heartbeat's age and the
+            fix).
+        ValueError: the URL's filesystem is not installed (names the extra).
     """
-    if folder is None:
-        return None
-    from cadence.checkpoint.remote import is_remote, local_path
-
-    lock: Optional[Any] = None
-    error: list[Optional[str]] = [None]
-    if dist.get_global_rank() == 0:
-        try:
-            if is_remote(folder):
-                from cadence.checkpoint.remote_lock import acquire_remote_lock
-
-                lock = acquire_remote_lock(folder, run_name)
-            else:
-                lock = acquire_run_lock(local_path(folder), run_name)
-        except SaveFolderInUse as exc:
-            error[0] = str(exc)
-    if dist.get_world_size() > 1:
-        dist.broadcast_object_list(error)
-    if error[0] is not None:
-        raise SaveFolderInUse(error[0])
-    return lock
+    earlier = _HELD.get(url)
+    if earlier is not None:
+        earlier.release()  # a Trainer of this process that was not closed
+    fs, root = get_filesystem(url)
+    key = f"{root}/{LOCK_FILENAME}"
+    holder = {**holder_record(run_name, secrets.token_hex(8)), "heartbeat": time.time()}
+    for _ in range(3):
+        if _create_object(fs, key, json.dumps(holder).encode()):
+            lock = _HELD[url] = RemoteRunLock(url, fs, key, holder)
+            return lock
+        current = _read_remote_holder(fs, key)
+        if current is None:
+            continue  # released in between: try again
+        age = time.time() - float(current.get("heartbeat", 0))
+        dead_here = (current.get("host") == socket.gethostname()
+                     and current.get("pid") != os.getpid() and not alive(current))
+        if age < STALE_SECONDS and not dead_here:
+            raise SaveFolderInUse(
+                f"save_folder {url} is in use by {describe(current)}, whose last heartbeat "
+                f"was {age:.0f} s ago (a lock is stale after {STALE_SECONDS:.0f} s). Two runs "
+                f"in one save folder would overwrite each other's checkpoints. Wait for that "
+                f"run to end, or choose another save_folder; if it has ended, delete "
+                f"{join(url, LOCK_FILENAME)} or wait {STALE_SECONDS - age:.0f} s.")
+        log.warning("Taking over the lock %s of %s, which is no longer running (%s).",
+                    join(url, LOCK_FILENAME), describe(current),
+                    "its process is gone" if dead_here else f"no heartbeat for {age:.0f} s")
+        fs.rm(key)
+    raise SaveFolderInUse(f"Could not take the lock {join(url, LOCK_FILENAME)}: another run is "
+                          f"starting in save_folder {url}.")
 
 
 def release_on_error(attribute: str) -> Callable[[_F], _F]:
@@ -290,6 +408,10 @@ def release_on_error(attribute: str) -> Callable[[_F], _F]:
                 raise
         return wrapper  # type: ignore[return-value]
     return decorate
+
+
+#: The lock on a local folder or on a remote one (both have ``held``, ``token``, ``release()``).
+AnyRunLock = Union[RunLock, RemoteRunLock]
 
 
 @atexit.register

@@ -52,8 +52,7 @@ from cadence.checkpoint.files import (
 )
 
 __all__ = ["COMPLETE_SUFFIX", "RemoteFolder", "check_url", "fetched", "get_filesystem",
-           "is_remote", "join", "local_folder", "local_path", "uploaded", "split_url", "stage_dir",
-           "sync_remote_logs"]
+           "is_remote", "join", "local_path", "split_url", "stage_dir", "uploaded"]
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +80,6 @@ def local_path(path: PathLike) -> Path:
     """``path`` as a local path (a ``file://`` URL's path)."""
     text = os.fspath(path)
     return Path(text[len("file://"):]) if text.startswith("file://") else Path(text)
-
-
-def local_folder(folder: Optional[str]) -> Optional[str]:
-    """Where a run with save folder ``folder`` writes its files locally: the stage of a
-    remote folder (:func:`stage_dir`), else ``folder`` itself."""
-    if folder is None or not is_remote(folder):
-        return None if folder is None else str(local_path(folder))
-    return str(stage_dir(folder))
 
 
 def join(url: str, name: str) -> str:
@@ -436,25 +427,3 @@ def _try_download(folder: RemoteFolder, name: str, dest: Path) -> Optional[str]:
     except (OSError, ValueError) as exc:  # network, permissions, a missing object
         return f"Cannot download checkpoint {folder.url_of(name)}: {type(exc).__name__}: {exc}"
     return None
-
-
-def sync_remote_logs(save_url: Optional[str], download: bool) -> None:
-    """With a remote save folder, on rank 0: copy its logs (``metrics.jsonl``...) into the
-    local stage at start (``download=True``), so a resumed run appends to them, or upload
-    them at the end (``download=False``). A local or no save folder: nothing.
-
-    Raises:
-        OSError: at start, when the store cannot be reached or the credentials are refused
-            (an upload failure at the end is logged as a warning instead: the checkpoints
-            are safe, only the logs' tail is missing).
-    """
-    if not is_remote(save_url) or dist.get_global_rank() != 0:
-        return
-    folder = RemoteFolder(str(save_url))
-    if download:
-        folder.download_artifacts()
-        return
-    try:
-        folder.upload_artifacts()
-    except OSError as exc:
-        log.warning("Could not upload the run's logs to %s: %s", save_url, exc)

@@ -29,8 +29,8 @@ from cadence.checkpoint.manifest import (
     Digest, HashingFile, HashingFileSystemWriter, embed_checksum, write_manifest,
 )
 
-__all__ = ["raise_if_save_failed", "save_failure_message", "write_extra_and_manifest",
-           "write_full_file", "write_sharded_dir"]
+__all__ = ["find_os_error", "raise_if_save_failed", "save_failure_message",
+           "write_extra_and_manifest", "write_full_file", "write_sharded_dir"]
 
 
 def _torch_save_hashed(obj: Any, tmp: Path, hashing: bool = True,
@@ -102,7 +102,7 @@ def write_extra_and_manifest(extra: dict[str, Any], digests: list[dict[str, Dige
         write_manifest(tmp / MANIFEST_FILE, merged, run_name)
 
 
-def _os_error(exc: BaseException, depth: int = 0) -> Optional[OSError]:
+def find_os_error(exc: BaseException, depth: int = 0) -> Optional[OSError]:
     """The ``OSError`` behind ``exc``: itself, a DCP failure of some rank, or its cause."""
     if isinstance(exc, OSError):
         return exc
@@ -110,11 +110,11 @@ def _os_error(exc: BaseException, depth: int = 0) -> Optional[OSError]:
         return None
     if isinstance(exc, CheckpointException):
         for _, (err, _) in sorted(exc.failures.items()):
-            found = _os_error(err, depth + 1)
+            found = find_os_error(err, depth + 1)
             if found is not None:
                 return found
     inner = exc.__cause__ or exc.__context__
-    return None if inner is None else _os_error(inner, depth + 1)
+    return None if inner is None else find_os_error(inner, depth + 1)
 
 
 def _previous_checkpoint(path: Path) -> Optional[Path]:
@@ -134,7 +134,7 @@ def save_failure_message(exc: BaseException, tmp: Path, path: Path) -> Optional[
     """What to tell the user when writing checkpoint ``path`` (under ``tmp``) failed with
     ``exc``: ``no space left on device while writing FILE; the previous checkpoint CKPT is
     intact``. None when ``exc`` is not an I/O error (a bug: its own traceback says more)."""
-    os_error = _os_error(exc)
+    os_error = find_os_error(exc)
     if os_error is None:
         return None
     if os_error.errno == errno.ENOSPC:
@@ -173,7 +173,7 @@ def raise_if_save_failed(failure: Optional[BaseException], tmp: Path, path: Path
         remove_checkpoint(tmp)
     dist.barrier()  # the temporary is gone before any rank reports
     if failure is not None:
-        os_error = _os_error(failure)
+        os_error = find_os_error(failure)
         if os_error is None:
             raise failure
         error = CheckpointWriteError(mine)

@@ -9,7 +9,9 @@
 - :mod:`~cadence.config.arg_checks`, :mod:`~cadence.config.arg_types`: argument checks and types
   of registered components;
 - :mod:`~cadence.config.parallelism`, :mod:`~cadence.config.compile`: typed
-  ``parallelism_config`` and ``compile_config``;
+  ``parallelism_config`` and ``compile_config`` (``load_config`` parses each once);
+- :mod:`~cadence.config.tp_styles`: the tensor-parallel style names and the one resolver
+  from a name or dotted path to a ``ParallelStyle``;
 - :mod:`~cadence.config.build`: ``build_trainer`` (``TrainConfig`` -> ``Trainer``).
 
 This package imports nothing on import; each module is imported where it is used.

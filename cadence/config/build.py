@@ -16,14 +16,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cadence.config import registry
-from cadence.utils import dist
 from cadence.config.load import (
     ConfigError, ConfigProblem, Precision, TrainConfig, check_global_batch_size, config_to_dict,
-    validate_config,
+    is_checked, validate_config,
 )
+from cadence.config.parallelism import ParallelismConfig
+from cadence.utils import dist
 
 if TYPE_CHECKING:
-    from cadence.config.parallelism import ParallelismConfig
     from cadence.trainer.trainer import Trainer
 
 __all__ = ["build_trainer", "per_device_batch_size"]
@@ -49,30 +49,31 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     the Trainer then seeds each rank with ``seed + rank`` for the run itself.
 
     Args:
-        cfg: the run config (from :func:`~cadence.config.load.load_config`, or built in
-            Python; it is checked again here).
+        cfg: the run config: from :func:`~cadence.config.load.load_config` (checked and
+            typed there, so not checked again), or built in Python (checked here first, by
+            :func:`~cadence.config.load.validate_config`).
 
     Returns:
         The Trainer, ready for ``fit()``; ``hyperparameters`` holds the config as a plain dict.
 
     Raises:
-        ConfigError: the config has problems (every check of
-            :func:`~cadence.config.load.load_config`, run again here: nothing is built
-            when one fails), or a component's constructor rejected its arguments with a
-            ``ValueError`` (the message names the section; the original is chained).
-            Errors of the Trainer itself (a checkpoint that does not load, a save folder in
-            use) are not config problems and propagate unchanged.
+        ConfigError: a config built in Python has problems (every check of
+            :func:`~cadence.config.load.load_config`: nothing is built when one fails), the
+            global batch does not divide over the data-parallel ranks, or a component's
+            constructor rejected its arguments with a ``ValueError`` (the message names the
+            section; the original is chained). Errors of the Trainer itself (a checkpoint
+            that does not load, a save folder in use) are not config problems and propagate
+            unchanged.
     """
-    validate_config(cfg)
+    if not is_checked(cfg):
+        cfg = validate_config(cfg)
     from cadence.trainer.trainer import Trainer  # lazy: keep config loading light
     from cadence.utils.reproducibility import seed_all
 
-    from cadence.parallel import data_parallel_size, parse_parallelism_config
-    from cadence.parallel.compile import parse_compile_config
+    from cadence.parallel.mesh import data_parallel_size
 
-    # parsed once, here where the run file enters; the Trainer and the plan take these
-    parallelism = parse_parallelism_config(cfg.parallelism_config)
-    compile_config = parse_compile_config(cfg.compile_config, prefix="compile_config")
+    # typed once, where the run file entered (load_config); the Trainer and the plan take it
+    parallelism = cfg.parallelism_config or ParallelismConfig()
     # the ranks of one tensor-parallel group load the same samples
     train_batch = per_device_batch_size(cfg.global_train_batch_size,
                                         data_parallel_size(parallelism))
@@ -121,7 +122,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         save_folder=cfg.save_folder,
         hyperparameters=config_to_dict(cfg),
         parallelism_config=parallelism,
-        compile_config=compile_config,
+        compile_config=cfg.compile_config,
         save_filename=cfg.save_filename,
         save_interval=cfg.save_interval,
         save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,

@@ -13,7 +13,8 @@ from typing import Any, Mapping, Optional, Union
 
 from cadence.config.errors import did_you_mean
 
-__all__ = ["CompileConfig", "COMPILE_MODES", "parse_compile_config", "compile_config_problems"]
+__all__ = ["CompileConfig", "COMPILE_MODES", "parse_compile_config", "check_compile_config",
+           "compile_config_problems", "backend_problems"]
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 """``torch.compile`` modes (inductor's); any but ``default`` needs ``backend: inductor``."""
@@ -49,6 +50,12 @@ class CompileConfig:
     backend: str = "inductor"
     per_block: bool = True
 
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as a run file would write them (the run's ``hyperparameters``): the
+        keys whose values differ from the defaults."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) != f.default}
+
     def compile_kwargs(self) -> dict[str, Any]:
         """The keyword arguments for ``torch.compile`` / ``nn.Module.compile``."""
         kwargs: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph,
@@ -71,8 +78,10 @@ def parse_compile_config(
     """Validate ``raw`` into a :class:`CompileConfig` (``None`` stays ``None``: no compile).
 
     Args:
-        raw: ``None``, a :class:`CompileConfig`, or a dict with any of the keys ``enabled``,
-            ``mode``, ``fullgraph``, ``dynamic``, ``backend``, ``per_block``.
+        raw: ``None``, a :class:`CompileConfig` (typed already, e.g. by
+            :func:`~cadence.config.load.load_config`: returned as it is), or a dict with any
+            of the keys ``enabled``, ``mode``, ``fullgraph``, ``dynamic``, ``backend``,
+            ``per_block``.
         prefix: the key path used in error messages.
         check_backend: check ``backend`` against dynamo's backends (imports
             ``torch._dynamo``); false: only that it is a string (the torch-free first stage).
@@ -80,6 +89,8 @@ def parse_compile_config(
     Raises:
         ValueError: every problem at once (see :func:`compile_config_problems`).
     """
+    if isinstance(raw, CompileConfig):
+        return raw
     config, problems = _parse(raw, prefix, check_backend)
     if problems and problems[0][0] == prefix:  # not a dict at all
         raise ValueError(f"{prefix} {problems[0][1]}")
@@ -87,6 +98,41 @@ def parse_compile_config(
         raise ValueError(f"{len(problems)} problem(s) in {prefix}:\n"
                          + "\n".join(f"  - {path}: {message}" for path, message in problems))
     return config
+
+
+def check_compile_config(raw: Any, prefix: str = "compile_config", check_backend: bool = True,
+                         ) -> tuple[Optional[CompileConfig], list[tuple[str, str]]]:
+    """Like :func:`parse_compile_config`, but returns ``(config, problems)``, each problem a
+    ``(key path, message)``; the config holds the valid settings only. A
+    :class:`CompileConfig` given is checked field by field (a config built in Python).
+    ``check_backend`` as in :func:`parse_compile_config`."""
+    return _parse(raw, prefix, check_backend)
+
+
+def backend_problems(config: Optional[CompileConfig], prefix: str = "compile_config",
+                     ) -> list[tuple[str, str]]:
+    """The check the torch-free first stage leaves to the second: ``backend`` against
+    dynamo's backends (imports ``torch._dynamo``).
+
+    Args:
+        config: a typed config (from :func:`check_compile_config` with
+            ``check_backend=False``), or None.
+        prefix: the key path used in messages.
+
+    Returns:
+        ``[(f"{prefix}.backend", message)]`` for a backend dynamo does not know, else ``[]``.
+    """
+    if config is None:
+        return []
+    return _backend_problems(config.backend, f"{prefix}.backend")
+
+
+def _backend_problems(value: str, where: str) -> list[tuple[str, str]]:
+    backends = _dynamo_backends()
+    if value in backends:
+        return []
+    return [(where, f"{value!r} is not a dynamo backend; allowed: {', '.join(backends)}."
+                    f"{did_you_mean(value, backends)}")]
 
 
 def compile_config_problems(raw: Any, prefix: str = "compile_config",
@@ -138,10 +184,9 @@ def _parse(raw: Any, prefix: str, check_backend: bool
             if not isinstance(value, str):
                 problems.append((where, f"{value!r} must be a dynamo backend name (a string)."))
                 continue
-            backends = _dynamo_backends() if check_backend else [value]
-            if value not in backends:
-                problems.append((where, f"{value!r} is not a dynamo backend; allowed: "
-                                        f"{', '.join(backends)}.{did_you_mean(value, backends)}"))
+            rejected = _backend_problems(value, where) if check_backend else []
+            if rejected:
+                problems.extend(rejected)
             else:
                 config.backend = value
     if not problems and config.mode != "default" and config.backend != "inductor":

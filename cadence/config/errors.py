@@ -64,11 +64,26 @@ def first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def did_you_mean(word: str, options: Iterable[str]) -> str:
+def did_you_mean(word: str, options: Iterable[str], ignore_case: bool = False) -> str:
     """``" Did you mean 'x'?"`` for the closest of ``options`` (difflib ratio >= 0.6), else
-    ``""``."""
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return f" Did you mean {close[0]!r}?" if close else ""
+    ``""``. cadence's one "did you mean": every check words its hint here.
+
+    Args:
+        word: what was written.
+        options: the allowed spellings.
+        ignore_case: compare without case (for values accepted in any case, such as
+            ``sharding_strategy``); the hint still shows the option as spelled in
+            ``options``.
+    """
+    options = list(options)
+    if not ignore_case:
+        close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+        return f" Did you mean {close[0]!r}?" if close else ""
+    by_folded: dict[str, str] = {}
+    for option in options:
+        by_folded.setdefault(option.casefold(), option)
+    close = difflib.get_close_matches(word.casefold(), list(by_folded), n=1, cutoff=0.6)
+    return f" Did you mean {by_folded[close[0]]!r}?" if close else ""
 
 
 def choice_message(value: Any, allowed: Sequence[str], prefix: bool = True) -> str:

@@ -14,7 +14,11 @@ A run file (Composer / llm-foundry style)::
     callbacks:    {lr_monitor: {}}
 
 is read with OmegaConf, merged with overrides (``seed=3 model.n_layer=2``), interpolated
-(``${variables.seq_len}``) and turned into a :class:`TrainConfig` at once. Every problem is
+(``${variables.seq_len}``) and turned into a :class:`TrainConfig` at once: the sections
+written as mappings that have a typed form (``parallelism_config``, ``compile_config``) are
+parsed once, here, into a :class:`~cadence.config.parallelism.ParallelismConfig` and a
+:class:`~cadence.config.compile.CompileConfig`, which the builder, the Trainer and the
+parallelize plan take as they are. Every problem is
 collected and reported together in one :class:`ConfigError` (the approach of torchtune's
 ``torchtune/config/_validate.py``), each naming the full key path, the bad value and the
 allowed values or the closest match. Component sections (``model``, ``train_loader``,
@@ -43,15 +47,23 @@ import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from cadence.config.compile import CompileConfig
 from cadence.config.errors import ConfigError, ConfigProblem, first_line, show
-from cadence.config.schema import LOADER_FILLED_ARGS, TrainConfig, check_schema
+from cadence.config.parallelism import ParallelismConfig
+from cadence.config.schema import (
+    LOADER_FILLED_ARGS, TYPED_SECTIONS, RunFile, TrainConfig, check_schema,
+)
 from cadence.config.values import check_global_batch_size, check_values
 from cadence.core.precision import Precision
 
 __all__ = [
     "TrainConfig", "Precision", "ConfigError", "ConfigProblem", "load_config",
-    "validate_config", "config_to_dict", "LOADER_FILLED_ARGS", "check_global_batch_size",
+    "validate_config", "is_checked", "config_to_dict", "LOADER_FILLED_ARGS",
+    "check_global_batch_size",
 ]
+
+#: Set on a :class:`TrainConfig` that :func:`load_config` or :func:`validate_config` made.
+_CHECKED_MARK = "_cadence_checked"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -75,9 +87,13 @@ def load_config(
             torchrun), else 1. ``cadence launch`` passes ``-n`` x ``--nnodes``.
 
     Returns:
-        The typed config. ``run_name`` defaults to ``<file stem>-<YYYYmmdd-HHMMSS>`` when
-        ``source`` is a file (with ``autoresume: true``, to the stable ``<file stem>``), and
-        stays ``None`` for a mapping.
+        The typed config, checked: ``parallelism_config`` is a
+        :class:`~cadence.config.parallelism.ParallelismConfig` and ``compile_config`` a
+        :class:`~cadence.config.compile.CompileConfig` (each ``None`` when not set), and
+        :func:`~cadence.config.build.build_trainer` does not check it again. ``run_name``
+        defaults to ``<file stem>-<YYYYmmdd-HHMMSS>`` when ``source`` is a file (with
+        ``autoresume: true``, to the stable ``<file stem>``), and stays ``None`` for a
+        mapping.
 
     Raises:
         ConfigError: listing every problem found. First the schema (unknown keys with the
@@ -108,12 +124,7 @@ def load_config(
     typed, problems = _check(plain, world_size)
     if problems:
         raise ConfigError(_mark_overrides(problems, list(overrides)), label)
-    try:
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), typed))
-    except OmegaConfBaseException as exc:  # pragma: no cover - _check covers every field
-        key = getattr(exc, "full_key", None) or "<root>"
-        raise ConfigError([ConfigProblem(str(key), first_line(exc))], label) from None
-    assert isinstance(cfg, TrainConfig)
+    cfg = _checked_config(typed)
     if cfg.run_name is None and isinstance(source, (str, Path)):
         stem = Path(source).stem  # autoresume: the same name on every launch of this file
         cfg.run_name = stem if cfg.autoresume else (
@@ -121,8 +132,16 @@ def load_config(
     return cfg
 
 
-def validate_config(cfg: TrainConfig) -> None:
+def validate_config(cfg: TrainConfig) -> TrainConfig:
     """Check a :class:`TrainConfig` built in Python (``load_config`` already does this).
+
+    Args:
+        cfg: the config; ``parallelism_config`` and ``compile_config`` may be written as
+            mappings (as in a run file) or as their typed objects.
+
+    Returns:
+        The checked config, typed as :func:`load_config` returns it (a new object; ``cfg``
+        is left as it is).
 
     Raises:
         ConfigError: listing every problem found, as :func:`load_config` does.
@@ -131,18 +150,45 @@ def validate_config(cfg: TrainConfig) -> None:
         raise TypeError(f"Expected a TrainConfig, got {type(cfg).__name__}; use load_config().")
     raw = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     raw = {k: v for k, v in raw.items() if not (isinstance(v, str) and v == MISSING)}
-    _, problems = _check(raw)
+    typed, problems = _check(raw)
     if problems:
         raise ConfigError(problems, f"TrainConfig(run_name={cfg.run_name!r})")
+    return _checked_config(typed)
+
+
+def is_checked(cfg: TrainConfig) -> bool:
+    """Whether ``cfg`` came from :func:`load_config` or :func:`validate_config` and still
+    holds its typed sections (so :func:`~cadence.config.build.build_trainer` need not
+    check it again). A copy made with :func:`dataclasses.replace` counts as unchecked."""
+    return (bool(getattr(cfg, _CHECKED_MARK, False))
+            and isinstance(cfg.parallelism_config, (ParallelismConfig, type(None)))
+            and isinstance(cfg.compile_config, (CompileConfig, type(None))))
 
 
 def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
     """The config as plain, YAML/JSON-serialisable Python values (enums as their values).
 
-    Used as the run's ``hyperparameters``.
+    Used as the run's ``hyperparameters``. ``parallelism_config`` and ``compile_config``
+    read as a run file would write them: the settings that differ from the defaults
+    (:meth:`ParallelismConfig.to_dict <cadence.config.parallelism.ParallelismConfig.to_dict>`,
+    :meth:`CompileConfig.to_dict <cadence.config.compile.CompileConfig.to_dict>`).
     """
-    container = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
-    return typing.cast(Dict[str, Any], _plain(container))
+    values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    sections = {key: values.pop(key) for key in TYPED_SECTIONS}
+    container = OmegaConf.to_container(OmegaConf.structured(RunFile(**values)), resolve=True)
+    assert isinstance(container, dict)
+    for key, section in sections.items():
+        container[key] = (section.to_dict()
+                          if isinstance(section, (ParallelismConfig, CompileConfig)) else section)
+    ordered = {f.name: container[f.name] for f in dataclasses.fields(cfg)}
+    return typing.cast(Dict[str, Any], _plain(ordered))
+
+
+def _checked_config(typed: Mapping[str, Any]) -> TrainConfig:
+    """The :class:`TrainConfig` of values that passed both stages, marked as checked."""
+    cfg = TrainConfig(**typed)
+    setattr(cfg, _CHECKED_MARK, True)
+    return cfg
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,16 +39,16 @@ Sources: PyTorch FSDP2 docs (``torch.distributed.fsdp.fully_shard``), Composer's
 
 from __future__ import annotations
 
-import difflib
-import sys
+import copy
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional, Union
 
 from cadence.config.errors import did_you_mean
+from cadence.config.tp_styles import tp_style_problem
 
 __all__ = [
     "FSDPConfig", "TPConfig", "ParallelismConfig", "ShardingStrategy", "parse_parallelism_config",
-    "check_parallelism_config", "tensor_parallel_degree",
+    "check_parallelism_config", "layer_plan_problems",
     "SHARDING_STRATEGIES", "REFUSED_KEYS",
 ]
 
@@ -202,6 +202,22 @@ class ParallelismConfig:
         """Ranks per tensor-parallel group (1: no tensor parallelism)."""
         return self.tp.tensor_parallel_degree if self.tp is not None else 1
 
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as a run file would write them (the run's ``hyperparameters``):
+        ``fsdp`` and ``tp`` when set, each with the keys whose values differ from the
+        defaults, under their canonical names.
+
+        Returns:
+            A new dict; parsing it again gives an equal config.
+        """
+        out: dict[str, Any] = {}
+        for name in ("fsdp", "tp"):
+            section = getattr(self, name)
+            if section is not None:
+                out[name] = {f.name: copy.copy(getattr(section, f.name))
+                             for f in fields(section) if getattr(section, f.name) != f.default}
+        return out
+
 
 Problems = list[tuple[str, str]]  # (full key path, message)
 
@@ -217,8 +233,7 @@ def _choice(problems: Problems, key: str, value: Any, allowed: tuple[str, ...],
     for option in allowed:
         if canonical.upper() == option.upper():
             return option
-    close = difflib.get_close_matches(canonical.upper(), [a.upper() for a in allowed], n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    hint = did_you_mean(canonical, allowed, ignore_case=True)
     _problem(problems, key, f"{value!r} is not one of: {', '.join(allowed)}.{hint}")
     return None
 
@@ -362,7 +377,7 @@ def _parse_tp(raw: Mapping[str, Any], prefix: str, problems: Problems,
                 continue
             plan: dict[str, Any] = {}
             for pattern, style in value.items():
-                problem = _tp_style_problem(style, import_paths)
+                problem = tp_style_problem(style, import_paths)
                 if problem is not None:
                     _problem(problems, f"{where}.{pattern}", problem)
                 plan[str(pattern)] = style
@@ -370,55 +385,26 @@ def _parse_tp(raw: Mapping[str, Any], prefix: str, problems: Problems,
     return config
 
 
-def tensor_parallel_degree(raw: Union[None, Mapping[str, Any], ParallelismConfig]) -> int:
-    """``tp.tensor_parallel_degree`` of a parallelism config (dict or typed), 1 when unset
-    or not a positive int (the config's own check reports that)."""
-    if isinstance(raw, ParallelismConfig):
-        return raw.tp_degree
-    tp = raw.get("tp") if isinstance(raw, Mapping) else None
-    degree = tp.get("tensor_parallel_degree", 1) if isinstance(tp, Mapping) else 1
-    return degree if isinstance(degree, int) and not isinstance(degree, bool) and degree > 0 else 1
+def layer_plan_problems(config: ParallelismConfig, prefix: str = "parallelism_config",
+                        ) -> Problems:
+    """Check the ``layer_plan`` styles of a typed config that are dotted paths, by importing
+    them (the run file's second stage: the first, torch-free one left them unchecked).
 
+    Args:
+        config: the config :func:`check_parallelism_config` returned.
+        prefix: the key path used in messages.
 
-#: The tensor-parallel style names a ``layer_plan`` may use (:mod:`cadence.parallel.tp`).
-TP_STYLE_NAMES = ("colwise", "rowwise", "sequence_parallel", "fused_qkv_colwise", "replicate")
-#: torch's class names for those styles, accepted as aliases.
-TP_STYLE_ALIASES = {"ColwiseParallel": "colwise", "RowwiseParallel": "rowwise",
-                    "SequenceParallel": "sequence_parallel",
-                    "FusedQKVColwiseParallel": "fused_qkv_colwise",
-                    "ReplicateParallel": "replicate"}
-
-
-def unknown_tp_style(text: str) -> str:
-    """The message for a style string that is neither a name, an alias nor a dotted path."""
-    hint = did_you_mean(text, [*TP_STYLE_NAMES, *TP_STYLE_ALIASES])
-    return (f"{text!r} is not a style.{hint} Allowed: {', '.join(TP_STYLE_NAMES)}, a "
-            f"ParallelStyle, or a dotted path to a ParallelStyle class.")
-
-
-def _tp_style_problem(style: Any, import_paths: bool) -> Optional[str]:
-    """Why ``style`` is not a usable TP style, or None (checked before any process starts).
-    Names and aliases are checked without torch; a dotted path is imported only with
-    ``import_paths`` (the run file's second stage), and a ``ParallelStyle`` object can only
-    exist once torch's tensor-parallel module is loaded."""
-    parallel = sys.modules.get("torch.distributed.tensor.parallel")
-    if parallel is not None and isinstance(style, parallel.ParallelStyle):
-        return None
-    if not isinstance(style, str):
-        return f"{style!r} ({type(style).__name__}) is not a style name or a ParallelStyle."
-    if TP_STYLE_ALIASES.get(style, style) in TP_STYLE_NAMES:
-        return None
-    if "." not in style:
-        return unknown_tp_style(style)
-    if not import_paths:
-        return None
-    from cadence.parallel.tp import _style_from_string
-
-    try:
-        _style_from_string(style)
-    except ValueError as exc:
-        return str(exc)
-    return None
+    Returns:
+        ``(full key path, message)`` for each style that does not resolve to a
+        ``ParallelStyle`` class.
+    """
+    problems: Problems = []
+    plan = config.tp.layer_plan if config.tp is not None else None
+    for pattern, style in (plan or {}).items():
+        problem = tp_style_problem(style, import_paths=True)
+        if problem is not None:
+            _problem(problems, f"{prefix}.tp.layer_plan.{pattern}", problem)
+    return problems
 
 
 def parse_parallelism_config(

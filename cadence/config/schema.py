@@ -29,15 +29,17 @@ from omegaconf.errors import OmegaConfBaseException
 
 from cadence.config import registry
 from cadence.config.arg_types import describe, mismatch
+from cadence.config.compile import CompileConfig, check_compile_config
 from cadence.config.errors import (
     ConfigProblem, choice_message, did_you_mean, first_line, show,
 )
+from cadence.config.parallelism import ParallelismConfig, check_parallelism_config
 from cadence.core.time import Time, TimeUnit
 from cadence.core.precision import Precision
 from cadence.config.registry_index import component_spec, indexed_names, lookup
 
-__all__ = ["TrainConfig", "check_schema", "argument_problems", "Section", "SINGLE_SECTIONS",
-           "MULTI_SECTIONS", "LOADER_FILLED_ARGS"]
+__all__ = ["TrainConfig", "RunFile", "check_schema", "argument_problems", "Section",
+           "SINGLE_SECTIONS", "MULTI_SECTIONS", "TYPED_SECTIONS", "LOADER_FILLED_ARGS"]
 
 #: Devices a run file may name; ``null`` means CUDA when available, else CPU.
 _DEVICES = ("cpu", "cuda")
@@ -86,12 +88,16 @@ class TrainConfig:
         algorithms: ``{name: {kwargs}}``, applied in this order.
         callbacks: ``{name: {kwargs}}``.
         loggers: ``{name: {kwargs}}``.
-        parallelism_config: ``{fsdp: {...}, tp: {...}}``: ``fsdp`` shards with FSDP2 (keys and
-            their FSDP2 meaning: :mod:`cadence.config.parallelism`), ``tp``
+        parallelism_config: written ``{fsdp: {...}, tp: {...}}``: ``fsdp`` shards with FSDP2
+            (keys and their FSDP2 meaning: :mod:`cadence.config.parallelism`), ``tp``
             (``tensor_parallel_degree``, ``layer_plan``) adds tensor parallelism
-            (:mod:`cadence.parallel.tp`); null: DDP when launched on several ranks.
-        compile_config: ``torch.compile`` settings (``{enabled, mode, fullgraph, dynamic,
-            backend, per_block}``; see :mod:`cadence.parallel.compile`); null: none.
+            (:mod:`cadence.parallel.tp`); null: DDP when launched on several ranks. Held
+            typed: :func:`~cadence.config.load.load_config` parses the mapping once into a
+            :class:`~cadence.config.parallelism.ParallelismConfig`, which every later layer
+            takes as it is.
+        compile_config: written ``{enabled, mode, fullgraph, dynamic, backend, per_block}``
+            (``torch.compile`` settings; see :mod:`cadence.parallel.compile`); null: none.
+            Held typed, as a :class:`~cadence.config.compile.CompileConfig`.
         save_filename, save_interval, save_num_checkpoints_to_keep, save_overwrite,
         save_weights_only, save_latest_filename, save_state_dict_type, save_async, load_path,
         load_weights_only, load_strict_model_weights, load_ignore_keys, autoresume: the
@@ -123,8 +129,8 @@ class TrainConfig:
     algorithms: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     callbacks: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     loggers: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    parallelism_config: Optional[Dict[str, Any]] = None
-    compile_config: Optional[Dict[str, Any]] = None
+    parallelism_config: Optional[ParallelismConfig] = None
+    compile_config: Optional[CompileConfig] = None
     save_filename: str = "ep{epoch}-ba{batch}"
     save_interval: Optional[str] = "1ep"
     save_num_checkpoints_to_keep: int = -1
@@ -139,6 +145,29 @@ class TrainConfig:
     load_ignore_keys: List[str] = field(default_factory=list)
     autoresume: bool = False
     variables: Dict[str, Any] = field(default_factory=dict)
+
+
+#: Top-level keys written as a mapping and held typed: the first stage parses each once.
+TYPED_SECTIONS = ("parallelism_config", "compile_config")
+
+
+def _run_file_form() -> type:
+    """:class:`TrainConfig` as a run file writes it: the :data:`TYPED_SECTIONS` as mappings.
+    OmegaConf types the file's values against this form (it cannot hold the typed objects)."""
+    hints = typing.get_type_hints(TrainConfig)
+    specs = []
+    for f in dataclasses.fields(TrainConfig):
+        kind = Optional[Dict[str, Any]] if f.name in TYPED_SECTIONS else hints[f.name]
+        default = (field(default_factory=f.default_factory)
+                   if f.default_factory is not dataclasses.MISSING else field(default=f.default))
+        specs.append((f.name, kind, default))
+    form = dataclasses.make_dataclass("RunFile", specs)
+    form.__module__ = __name__
+    form.__doc__ = "The run file's form of :class:`TrainConfig` (typed sections as mappings)."
+    return form
+
+
+RunFile = _run_file_form()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,7 +211,8 @@ _EXAMPLE_NAME = {
     "optimizer": "adamw", "scheduler": "cosine_decay_with_warmup",
     "algorithms": "gradient_clipping", "callbacks": "lr_monitor", "loggers": "file",
 }
-_SCHEMA = OmegaConf.structured(TrainConfig)
+_SCHEMA = OmegaConf.structured(RunFile)
+_HINTS = typing.get_type_hints(RunFile)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,14 +226,17 @@ def check_schema(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[ConfigPro
         raw: the config as plain Python values (overrides applied, interpolations resolved).
 
     Returns:
-        ``(typed, problems)``: the values OmegaConf typed against :class:`TrainConfig`
-        (``"5"`` -> ``5`` for an int field) for the keys that passed, and every problem found
-        (unknown keys, wrong types, bad enum values or Time strings, missing required keys,
-        bad ``parallelism_config`` keys, unknown component names, component arguments that
-        the component does not take or of the wrong type, missing required arguments).
+        ``(typed, problems)``: the values OmegaConf typed against :class:`RunFile`
+        (``"5"`` -> ``5`` for an int field) for the keys that passed, with
+        ``parallelism_config`` and ``compile_config`` parsed into their typed objects
+        (``null`` stays ``None``): ``TrainConfig(**typed)`` once there are no problems. And
+        every problem found (unknown keys, wrong types, bad enum values or Time strings,
+        missing required keys, bad ``parallelism_config`` / ``compile_config`` keys, unknown
+        component names, component arguments that the component does not take or of the
+        wrong type, missing required arguments).
     """
     problems: list[ConfigProblem] = []
-    hints = typing.get_type_hints(TrainConfig)
+    hints = _HINTS
     allowed = [f.name for f in dataclasses.fields(TrainConfig)]
     typed: dict[str, Any] = {}
 
@@ -212,6 +245,10 @@ def check_schema(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[ConfigPro
             problems.append(ConfigProblem(str(key), (
                 f"unknown key.{did_you_mean(str(key), allowed)} Allowed top-level keys: "
                 f"{', '.join(allowed)}.")))
+            continue
+        if key in TYPED_SECTIONS and isinstance(value, (ParallelismConfig, CompileConfig)):
+            typed[key], found = _typed_section(key, value)  # built in Python, typed already
+            problems.extend(found)
             continue
         value, problem = _normalize_field(key, value)
         if problem is not None:
@@ -225,7 +262,11 @@ def check_schema(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[ConfigPro
                 path, f"{show(value)} is not {describe(hints[key])} ({first_line(exc)})."))
             continue
         typed[key] = OmegaConf.to_container(converted, resolve=True)[key]
-        problems.extend(_field_schema_problems(key, typed[key]))
+        if key in TYPED_SECTIONS:
+            typed[key], found = _typed_section(key, typed[key])
+            problems.extend(found)
+        else:
+            problems.extend(_field_schema_problems(key, typed[key]))
 
     for f in dataclasses.fields(TrainConfig):
         if f.default is MISSING and f.name not in raw:
@@ -288,17 +329,20 @@ def _field_schema_problems(key: str, value: Any) -> list[ConfigProblem]:
         return [ConfigProblem(key, choice_message(value, ["full", "sharded", "null"]))]
     if key == "device" and value is not None and value not in _DEVICES:
         return [ConfigProblem(key, choice_message(value, [*_DEVICES, "null"]))]
-    if key == "compile_config" and value is not None:  # the backend name waits for stage 2
-        from cadence.config.compile import compile_config_problems
-
-        return [ConfigProblem(path, message) for path, message
-                in compile_config_problems(value, prefix=key, check_backend=False)]
-    if key == "parallelism_config":
-        from cadence.config.parallelism import check_parallelism_config
-
-        _, problems = check_parallelism_config(value, prefix=key, import_paths=False)
-        return [ConfigProblem(path, message) for path, message in problems]
     return []
+
+
+def _typed_section(key: str, value: Any) -> tuple[Any, list[ConfigProblem]]:
+    """Parse a :data:`TYPED_SECTIONS` value once into its typed object (``None`` stays
+    ``None``), with every problem the torch-free stage can see: a ``layer_plan`` style given
+    as a dotted path and the compile ``backend`` name wait for the second stage."""
+    if value is None:
+        return None, []
+    if key == "parallelism_config":
+        config, found = check_parallelism_config(value, prefix=key, import_paths=False)
+    else:
+        config, found = check_compile_config(value, prefix=key, check_backend=False)
+    return config, [ConfigProblem(path, message) for path, message in found]
 
 
 # ---------------------------------------------------------------------------------------------

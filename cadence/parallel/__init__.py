@@ -3,7 +3,7 @@
 DDP; single process, DDP, FSDP2 and FSDP2 x TP are one path.
 
 Names are imported on first use (:mod:`cadence._lazy`), so the run-file check can read
-:mod:`.config` (the ``parallelism_config`` schema) without importing torch.
+:mod:`cadence.config.parallelism` (the typed ``parallelism_config``) without importing torch.
 """
 
 from __future__ import annotations

@@ -4,13 +4,14 @@ parameters, gradients and optimizer state" (local shards of DTensors, not the fu
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import DTensor
+
+from cadence.utils.dtensor import local_tensor
 
 __all__ = ["local_state_bytes"]
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
-    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    local = local_tensor(tensor)
     return local.numel() * local.element_size()
 
 

@@ -9,7 +9,7 @@
    no fsdp; nothing on one rank.
 
 The settings arrive typed (:class:`ParallelPlan`), parsed once where the run entered (the
-YAML in :func:`~cadence.config.build.build_trainer`, or the Trainer's arguments).
+run file in :func:`~cadence.config.load.load_config`, or the Trainer's arguments).
 """
 
 from __future__ import annotations
@@ -153,11 +153,11 @@ def _check_meta(model: nn.Module, rank0_loading: bool) -> None:
 
 def _broadcast_module_states(model: nn.Module) -> None:
     """Copy rank 0's parameters and buffers to every rank (``sync_module_states``)."""
-    from torch.distributed.tensor import DTensor
+    from cadence.utils.dtensor import local_tensor
 
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
-            local = tensor.to_local() if isinstance(tensor, DTensor) else tensor.data
+            local = local_tensor(tensor.data)
             dist.broadcast(local, src=0)
 
 

@@ -47,7 +47,6 @@ PyTorch ``torch.distributed.tensor.parallel`` (``parallelize_module``, ``Colwise
 from __future__ import annotations
 
 import fnmatch
-import importlib
 import types
 from dataclasses import dataclass, field
 from functools import partial
@@ -61,7 +60,7 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel, parallelize_module,
 )
 
-from cadence.config.parallelism import TP_STYLE_ALIASES, TP_STYLE_NAMES, unknown_tp_style
+from cadence.config.tp_styles import TP_STYLE_NAMES, resolve_tp_style
 
 __all__ = [
     "TPPlan", "TPEntry", "BLOCK_PLANS", "STYLE_NAMES", "plan_tensor_parallel", "apply_tp",
@@ -91,7 +90,7 @@ BLOCK_PLANS: dict[str, dict[str, str]] = {
 """Built-in plans, relative to each block of that class: Megatron's split of attention and MLP."""
 
 STYLE_NAMES = TP_STYLE_NAMES
-_STYLE_ALIASES = TP_STYLE_ALIASES
+"""The style names a plan may use (:data:`cadence.config.tp_styles.TP_STYLE_NAMES`)."""
 
 
 def is_shard_placement(placement: Any) -> bool:
@@ -320,27 +319,11 @@ def _matches(name: str, pattern: str) -> bool:
                                             for p, a in zip(parts, atoms))
 
 
-def _style_from_string(text: str) -> Union[str, type]:
-    key = _STYLE_ALIASES.get(text, text)
-    if key in STYLE_NAMES:
-        return key
-    if "." in text:
-        module_name, _, attr = text.rpartition(".")
-        try:
-            target = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot import {text!r} ({exc}).") from None
-        if isinstance(target, type) and issubclass(target, ParallelStyle):
-            return target
-        raise ValueError(f"{text!r} is not a ParallelStyle class.")
-    raise ValueError(unknown_tp_style(text))
-
-
 def _style_for(spec: StyleSpec, module: nn.Module, name: str, degree: int) -> ParallelStyle:
     """The ``ParallelStyle`` for ``spec`` on ``module``; raises ValueError naming ``name``."""
     if isinstance(spec, ParallelStyle):
         return spec
-    kind = _style_from_string(spec) if isinstance(spec, str) else None
+    kind = resolve_tp_style(spec) if isinstance(spec, str) else None
     if kind is None:
         raise ValueError(f"{spec!r} ({type(spec).__name__}) is not a style name or a "
                          f"ParallelStyle.")

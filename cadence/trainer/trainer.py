@@ -18,19 +18,17 @@ from cadence.utils import dist
 from cadence.trainer.auto_microbatch import forward_backward_auto, parse_microbatch_size
 from cadence.checkpoint import load_checkpoint
 from cadence.checkpoint.data_position import iter_epoch
-from cadence.checkpoint.lock import lock_save_folder, release_on_error
-from cadence.checkpoint.remote import (
-    check_url, fetched, local_folder, sync_remote_logs,
-)
-from cadence.checkpoint.resume import resolve_load_path, written_by
-from cadence.checkpoint.run_folder import check_autoresume_folder
+from cadence.checkpoint.lock import release_on_error
+from cadence.checkpoint.remote import check_url, fetched
+from cadence.checkpoint.resume import resolve_load_path
+from cadence.checkpoint.run_folder import RunFolder, check_autoresume_folder
 from cadence.core import (
     Algorithm, Callback, Engine, Evaluator, Event, State, Time, TimeLike, Timestamp, TimeUnit,
 )
 from cadence.trainer import trainer_options as options
 from cadence.trainer.trainer_options import EvalDataloader, as_list
 from cadence.trainer.eval_schedule import eval_due, parse_eval_interval
-from cadence.trainer.fit_args import apply_fit_arguments
+from cadence.trainer.fit_args import FitChanges, fit_changes
 from cadence.loggers.logger import Logger
 from cadence.loggers.logger_destination import LoggerDestination
 from cadence.core.data_spec import batch_to_device, num_samples, slice_batch, split_batch
@@ -150,7 +148,7 @@ class Trainer:
             :mod:`cadence.checkpoint.lock`.
     """
 
-    @release_on_error("_run_lock")  # a failed __init__ does not keep the save folder locked
+    @release_on_error("_run_folder")  # a failed __init__ does not keep the save folder locked
     def __init__(
         self,
         model: torch.nn.Module,
@@ -231,17 +229,17 @@ class Trainer:
         run_name, rank_zero_seed = options.agree_across_ranks(
             run_name or options.run_name_from_env(), seed)
         seed_all(rank_zero_seed + self._dp_rank)
-        # a URL (s3://...) saves to object storage; artifacts are written to its local stage
-        self._save_url = None if save_folder is None else save_folder.format(run_name=run_name)
-        for url in (self._save_url, load_path):  # an unknown protocol or missing extra: now
-            if url is not None:
-                check_url(url)
+        # a URL (s3://...) saves to object storage through a local stage; an unknown protocol
+        # or a missing extra (of save_folder or load_path) is refused now
+        self._run_folder = RunFolder.of(save_folder, run_name)
+        if load_path is not None:
+            check_url(load_path)
 
         self.state = State(
             model=model,
             rank_zero_seed=rank_zero_seed,
             run_name=run_name,
-            save_folder=local_folder(self._save_url),
+            save_folder=None if self._run_folder is None else str(self._run_folder.local),
             device=device_obj,
             max_duration=options.scale_duration(self._parse_duration(max_duration),
                                                 scale_schedule_ratio),
@@ -256,8 +254,8 @@ class Trainer:
             callbacks=as_list(callbacks) + options.profiler_callbacks(profiler),
         )
         # one run per save folder (rank 0 locks it; released by close() or at exit)
-        self._run_lock = lock_save_folder(self._save_url, run_name)
-        sync_remote_logs(self._save_url, download=True)
+        if self._run_folder is not None:  # (and a remote folder's logs are fetched)
+            self._run_folder.lock(run_name)
         destinations = as_list(loggers)
         destinations += options.console_destinations(
             destinations, progress_bar, log_to_console, console_stream,
@@ -281,7 +279,7 @@ class Trainer:
         self._build_metrics()
         self.engine.run_event(Event.BEFORE_LOAD)
         path, resuming = resolve_load_path(
-            autoresume, self._save_url,
+            autoresume, self._run_folder,
             save_latest_filename.format(run_name=self.state.run_name), load_path,
             run_name=self.state.run_name)
         if path is not None:
@@ -303,31 +301,26 @@ class Trainer:
                               autoresume: bool, **kwargs: Any) -> None:
         """Add a CheckpointSaver when the run has a save_folder (Composer does the same)."""
         state = self.state
-        if self._save_url is None or save_interval is None:
+        if self._run_folder is None or save_interval is None:
             return
         from cadence.callbacks.checkpoint_saver import CheckpointSaver
-        from cadence.checkpoint.files import find_latest_checkpoint
 
         fsdp = self.parallelism_config.fsdp
         fmt = state_dict_type or (fsdp.state_dict_type if fsdp is not None else "full")
-        saver = CheckpointSaver(folder=self._save_url, save_interval=save_interval,
+        saver = CheckpointSaver(folder=self._run_folder, save_interval=save_interval,
                                 state_dict_type=fmt, metadata=self._checkpoint_metadata(),
                                 **kwargs)
         if not (autoresume or kwargs["overwrite"]):
-            latest = saver.latest_filename.format(run_name=state.run_name)
-            remote = saver.remote_folder(state)
-            existing = (next(iter(remote.candidates(latest, state.run_name)), None)
-                        if remote is not None else find_latest_checkpoint(
-                            saver.folder_path(state), latest,
-                            belongs=lambda path: written_by(path, state.run_name)))
+            existing = self._run_folder.newest_checkpoint(
+                saver.latest_filename.format(run_name=state.run_name), state.run_name)
             if existing is not None:
                 raise ValueError(
-                    f"save_folder {self._save_url} already holds checkpoint {existing}; set "
-                    f"autoresume=True to continue that run, save_overwrite=True to replace its "
-                    f"checkpoints, or choose another save_folder / run_name."
+                    f"save_folder {self._run_folder.url} already holds checkpoint {existing}; "
+                    f"set autoresume=True to continue that run, save_overwrite=True to replace "
+                    f"its checkpoints, or choose another save_folder / run_name."
                 )
         if autoresume:  # another run's checkpoints there: refused now, not at the first save
-            check_autoresume_folder(self._save_url, state.run_name, kwargs["filename"])
+            check_autoresume_folder(self._run_folder, state.run_name, kwargs["filename"])
         state.callbacks.append(saver)
 
     def _checkpoint_metadata(self) -> dict[str, Any]:
@@ -404,10 +397,7 @@ class Trainer:
         state.optimizers = optimizers
         state.schedulers = [compile_scheduler(s, optimizers[0], state, self.scale_schedule_ratio)
                             for s in schedulers]
-        self.grad_scaler = (
-            torch.amp.GradScaler(state.device.type)
-            if state.precision == Precision.AMP_FP16.value else None
-        )
+        self.grad_scaler = options.grad_scaler_for(state.precision, state.device)
 
     def _build_metrics(self) -> None:
         state = self.state
@@ -442,7 +432,7 @@ class Trainer:
         """Train until ``max_duration`` (or until a callback sets ``state.stop_training``).
 
         Composer's arguments change the run before it starts; see
-        :func:`~cadence.trainer.fit_args.apply_fit_arguments`. ``duration`` trains that much
+        :func:`~cadence.trainer.fit_args.fit_changes`. ``duration`` trains that much
         more (``max_duration`` becomes now + ``duration``); ``reset_time`` starts the
         timestamp from 0; ``eval_interval`` and ``eval_subset_num_batches`` apply with
         ``eval_dataloader``; ``spin_dataloaders`` has no effect (cadence resumes a dataloader
@@ -452,14 +442,8 @@ class Trainer:
             ValueError: no train dataloader or no max_duration was given; a bad argument.
         """
         del spin_dataloaders
-        apply_fit_arguments(
-            self, train_dataloader=train_dataloader, train_dataloader_label=train_dataloader_label,
-            train_subset_num_batches=train_subset_num_batches, duration=duration,
-            reset_time=reset_time, schedulers=schedulers, scale_schedule_ratio=scale_schedule_ratio,
-            step_schedulers_every_batch=step_schedulers_every_batch,
-            eval_dataloader=eval_dataloader, eval_subset_num_batches=eval_subset_num_batches,
-            eval_interval=eval_interval, device_train_microbatch_size=device_train_microbatch_size,
-            precision=precision)
+        arguments = {name: value for name, value in locals().items() if name != "self"}
+        self._apply_fit(fit_changes(self.state, **arguments))  # checked before any change
         state = self.state
         if state.train_dataloader is None or state.max_duration is None:
             raise ValueError("fit() needs both train_dataloader and max_duration on the Trainer.")
@@ -471,6 +455,26 @@ class Trainer:
         while not self._training_done():
             self._train_epoch()
         self.engine.run_event(Event.FIT_END)
+
+    def _apply_fit(self, changes: FitChanges) -> None:
+        """Make what ``fit()``'s arguments change: the state's, then the Trainer's own."""
+        if changes.train_dataloader is not None:
+            align_sampler_with_data_parallel(changes.train_dataloader, "train_dataloader",
+                                             self._dp_size, self._dp_rank)
+            self.train_dataloader_label = changes.train_dataloader_label
+        changes.apply_to_state(self.state)
+        if changes.scale_schedule_ratio != 1.0:
+            self.scale_schedule_ratio = changes.scale_schedule_ratio
+        if changes.step_schedulers_every_batch is not None:
+            self.step_schedulers_every_batch = changes.step_schedulers_every_batch
+        if changes.evaluators is not None:
+            self.eval_interval = changes.eval_interval
+            self.eval_subset_num_batches = changes.eval_subset_num_batches
+            self._build_metrics()
+        if changes.auto_microbatch is not None:
+            self._auto_microbatch = changes.auto_microbatch
+        if changes.precision is not None:
+            self.grad_scaler = options.grad_scaler_for(self.state.precision, self.state.device)
 
     def predict(self, dataloader: Iterable[Any], subset_num_batches: int = -1, *,
                 return_outputs: bool = True) -> list[Any]:
@@ -497,7 +501,7 @@ class Trainer:
             run_saver.wait()  # a background save in flight (save_async) moves latest first
         fsdp = self.parallelism_config.fsdp
         saver = CheckpointSaver(  # its own: the run's saver keeps its rotation list
-            folder=self._save_url or ".", overwrite=True, symlink_filename=None,
+            folder=self._run_folder or ".", overwrite=True, symlink_filename=None,
             state_dict_type=run_saver.state_dict_type if run_saver else "full" if fsdp is None
             else fsdp.state_dict_type, metadata=self._checkpoint_metadata())
         path = saver.save(self.state, self.logger, filename=name, weights_only=weights_only)
@@ -785,6 +789,5 @@ class Trainer:
         """Close every algorithm, callback and logger destination, and release the save
         folder's lock (idempotent)."""
         self.engine.close()
-        sync_remote_logs(self._save_url, download=False)  # the logs' last lines, after the loggers closed
-        if self._run_lock is not None:
-            self._run_lock.release()
+        if self._run_folder is not None:  # a remote folder's logs uploaded, the lock released
+            self._run_folder.close()

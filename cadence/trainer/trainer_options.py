@@ -1,6 +1,7 @@
 """Small pieces of the Trainer's argument handling that Composer users pass: the run name
 from the environment, ``auto_log_hparams``, console output, ``train_subset_num_batches``,
-``scale_schedule_ratio``, ``step_schedulers_every_batch`` and ``profiler``.
+``scale_schedule_ratio``, ``step_schedulers_every_batch``, ``profiler``, and the gradient
+scaler that ``precision`` implies.
 
 Source: the arguments of MosaicML Composer's ``Trainer`` (``composer/trainer/trainer.py``).
 """
@@ -16,11 +17,13 @@ import torch
 
 from cadence.utils import dist
 from cadence.core import Evaluator, Time, TimeUnit
+from cadence.core.precision import Precision
 from cadence.core.state import as_list
 
 __all__ = [
     "EvalDataloader", "RUN_NAME_ENV_VARS", "agree_across_ranks", "as_evaluators", "as_list",
-    "console_destinations", "dataloader_len", "extract_hparams", "profiler_callbacks",
+    "console_destinations", "dataloader_len", "extract_hparams", "grad_scaler_for",
+    "profiler_callbacks",
     "run_name_from_env", "scale_duration", "steps_schedulers_every_batch", "subset_len",
 ]
 
@@ -130,6 +133,28 @@ def steps_schedulers_every_batch(schedulers: list[Any], every_batch: Optional[bo
     if every_batch is not None:
         return bool(every_batch)
     return not any(isinstance(s, torch.optim.lr_scheduler.LRScheduler) for s in schedulers)
+
+
+def grad_scaler_for(precision: Union[str, Precision],
+                    device: torch.device) -> Optional[torch.amp.GradScaler]:
+    """The gradient scaler a run in ``precision`` needs: a ``torch.amp.GradScaler`` on
+    ``device``'s type for ``amp_fp16`` (float16 gradients underflow without loss scaling),
+    else None.
+
+    Args:
+        precision: the run's precision (a :class:`~cadence.core.precision.Precision` or its
+            value).
+        device: the run's device.
+
+    Returns:
+        A new scaler, or None.
+
+    Raises:
+        ValueError: an unknown precision.
+    """
+    if Precision.parse(precision) != Precision.AMP_FP16:
+        return None
+    return torch.amp.GradScaler(device.type)
 
 
 def _stream(console_stream: Union[str, TextIO, None]) -> Optional[TextIO]:

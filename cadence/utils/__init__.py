@@ -3,7 +3,9 @@
 Submodules: :mod:`~cadence.utils.dist` (distributed helpers, also ``cadence.dist``),
 :mod:`~cadence.utils.reproducibility`, :mod:`~cadence.utils.misc`,
 :mod:`~cadence.utils.batch_helpers`, :mod:`~cadence.utils.device`,
-:mod:`~cadence.utils.precision`, :mod:`~cadence.utils.flops`. Names are imported on first
+:mod:`~cadence.utils.precision`, :mod:`~cadence.utils.flops`,
+:mod:`~cadence.utils.checkpoint` (Composer's ``save_checkpoint`` / ``load_checkpoint``),
+:mod:`~cadence.utils.module_surgery` (``replace_module_classes``). Names are imported on first
 use (:mod:`cadence._lazy`).
 """
 
@@ -14,8 +16,9 @@ from typing import TYPE_CHECKING
 from cadence._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from cadence.utils import dist, reproducibility
+    from cadence.utils import checkpoint, dist, module_surgery, reproducibility
     from cadence.utils.batch_helpers import batch_get, batch_set
+    from cadence.utils.checkpoint import load_checkpoint, save_checkpoint
     from cadence.utils.device import get_device
     from cadence.utils.misc import create_interval_scheduler
     from cadence.utils.precision import bf16_supported
@@ -25,10 +28,14 @@ _LAZY = {
     "batch_get": "cadence.utils.batch_helpers",
     "batch_set": "cadence.utils.batch_helpers",
     "bf16_supported": "cadence.utils.precision",
+    "checkpoint": "cadence.utils.checkpoint",
     "create_interval_scheduler": "cadence.utils.misc",
     "dist": "cadence.utils.dist",
     "get_device": "cadence.utils.device",
+    "load_checkpoint": "cadence.utils.checkpoint",
+    "module_surgery": "cadence.utils.module_surgery",
     "reproducibility": "cadence.utils.reproducibility",
+    "save_checkpoint": "cadence.utils.checkpoint",
     "seed_all": "cadence.utils.reproducibility",
 }
 

@@ -1,4 +1,8 @@
-"""``benchmarks/overhead.py`` runs end to end (a few steps; no timing is asserted)."""
+"""The benchmark scripts run end to end (a few steps; no timing is asserted): the Trainer's
+overhead per step (``overhead.py``), time to the first step and peak RSS
+(``first_step.py``), import time (``import_time.py``), the whole-process Hugging Face arms
+(``overhead_process.py``), the shared RSS method (``_common.py``), and ``gpu_throughput.py``'s
+arithmetic and CPU path."""
 
 from __future__ import annotations
 
@@ -11,14 +15,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "overhead.py"
+BENCHMARKS = REPO / "benchmarks"
+SCRIPT = BENCHMARKS / "overhead.py"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
-def load_overhead():
-    """The script as a module (registered in sys.modules: its dataclasses need that)."""
-    name = "cadence_bench_overhead"
+def load_script(stem: str):
+    """``benchmarks/<stem>.py`` as a module (registered in sys.modules: its dataclasses need
+    that)."""
+    name = f"cadence_bench_{stem}"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SCRIPT)
+        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{stem}.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
@@ -26,50 +33,43 @@ def load_overhead():
     return sys.modules[name]
 
 
+def load_overhead():
+    return load_script("overhead")
+
+
+def run_script(stem: str, *args: str) -> subprocess.CompletedProcess:
+    """``python benchmarks/<stem>.py ARGS`` as a user runs it, from the repository root."""
+    return subprocess.run([sys.executable, str(BENCHMARKS / f"{stem}.py"), *args],
+                          capture_output=True, text=True, cwd=REPO, env=ENV, timeout=300)
+
+
+def markdown_rows(out: str) -> dict[str, list[str]]:
+    """A markdown table's body rows, by their first cell."""
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.splitlines()
+            if line.startswith("| ") and not line.startswith("| arm ")
+            and not line.startswith("| command ")]
+    return {row[0]: row[1:] for row in rows}
+
+
 def test_overhead_script_runs_and_prints_the_table():
-    """The whole script as a user runs it, startup children included (the import-time
-    trials are left out: each is two more interpreter starts)."""
-    command = [sys.executable, str(SCRIPT), "--size", "null", "--rounds", "2", "--steps", "2",
-               "--warmup", "1", "--startup-trials", "1", "--import-trials", "0", "--quiet",
-               "--markdown", "--process-rounds", "0"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env,
-                            timeout=300)
+    """The steady-state script as a user runs it."""
+    result = run_script("overhead", "--size", "null", "--rounds", "2", "--steps", "2",
+                        "--warmup", "1", "--quiet", "--markdown")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    for row in ("| raw |", "| trainer |", "| bare |"):
-        assert row in out
-    assert "ratio to raw" in out and "peak RSS MB" in out
-    assert "first step s" in out and "| - |" not in out  # startup figures were filled in
+    assert set(markdown_rows(out)) == {"raw", "trainer", "bare"}
+    assert "ratio to raw" in out and "CPU ratio" in out
     assert "largest |parameter difference| between arms after training: 0 " in out
 
 
 def test_small_model_in_process(capsys):
     """The default model, in process (no subprocesses): every arm trains the same weights."""
     overhead = load_overhead()
-    assert overhead.main(["--rounds", "1", "--steps", "2", "--warmup", "1",
-                          "--startup-trials", "0", "--import-trials", "0", "--quiet",
-                          "--process-rounds", "0"]) == 0
+    assert overhead.main(["--rounds", "1", "--steps", "2", "--warmup", "1", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "0.93 M parameters" in out
     assert "after training: 0 " in out
     assert out.count("\nraw ") == 1 and "\nbare " in out and "\ntrainer " in out
-
-
-def test_process_arms_reach_the_same_loss():
-    """The Hugging Face whole-process arms (one fresh interpreter per arm): each prints its
-    row, and all three end at the same loss (the same arithmetic)."""
-    command = [sys.executable, str(SCRIPT), "--process-only", "--process-rounds", "1",
-               "--process-steps", "3", "--process-warmup", "1", "--quiet", "--markdown"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
-    assert result.returncode == 0, result.stderr
-    rows = {line.split("|")[1].strip(): line.split("|")[-2].strip()
-            for line in result.stdout.splitlines() if line.startswith("| ")
-            and not line.startswith("| arm ")}
-    assert set(rows) == {"raw", "bare", "logging"}
-    assert len(set(rows.values())) == 1 and "," not in rows["raw"]  # one final loss for all
-    float(rows["raw"])
 
 
 def test_profile_mode(capsys):
@@ -79,10 +79,65 @@ def test_profile_mode(capsys):
     assert "function calls" in capsys.readouterr().out
 
 
-def test_bad_arguments_are_refused():
+def test_bad_arguments_are_refused(capsys):
     overhead = load_overhead()
     with pytest.raises(SystemExit):
         overhead.parse_args(["--rounds", "0"])
+    with pytest.raises(SystemExit):  # a flag of the old all-in-one script names its new home
+        overhead.parse_args(["--process-only"])
+    assert "benchmarks/overhead_process.py" in capsys.readouterr().err
+
+
+def test_first_step_script_fills_every_column():
+    """One fresh process per arm: time to the first step and a peak RSS for each."""
+    result = run_script("first_step", "--size", "null", "--trials", "1", "--warmup", "2",
+                        "--quiet", "--markdown")
+    assert result.returncode == 0, result.stderr
+    rows = markdown_rows(result.stdout)
+    assert set(rows) == {"raw", "trainer", "bare"}
+    for cells in rows.values():  # import s, construct s, first step s, peak RSS MiB
+        assert all(float(c) >= 0 for c in cells[:3])
+        assert float(cells[3]) > 100  # torch is imported: far above the spawner's ~8 MiB
+    # the raw process never imports cadence, so it holds less
+    assert float(rows["raw"][3]) < float(rows["trainer"][3])
+
+
+def test_import_time_script_runs():
+    result = run_script("import_time", "--trials", "1", "--markdown")
+    assert result.returncode == 0, result.stderr
+    assert "| `import torch, cadence` |" in result.stdout
+    assert result.stdout.count("| `") == 4
+
+
+def test_process_arms_reach_the_same_loss():
+    """The Hugging Face whole-process arms (one fresh interpreter per arm): each prints its
+    row, and all three end at the same loss (the same arithmetic)."""
+    result = run_script("overhead_process", "--rounds", "1", "--steps", "3", "--warmup", "1",
+                        "--quiet", "--markdown")
+    assert result.returncode == 0, result.stderr
+    rows = {name: cells[-1] for name, cells in markdown_rows(result.stdout).items()}
+    assert set(rows) == {"raw", "bare", "logging"}
+    assert len(set(rows.values())) == 1 and "," not in rows["raw"]  # one final loss for all
+    float(rows["raw"])
+
+
+# ----------------------------------------------------------------------------- peak RSS
+def test_peak_rss_is_the_child_own_not_the_parent():
+    """The one RSS method (benchmarks/_common.py): a child started by a process holding
+    200 MiB reports its own few MiB, and a child that touches 100 MiB reports about that."""
+    common = load_script("_common")
+    ballast = bytearray(200 * 2**20)
+    ballast[::4096] = b"\x01" * len(ballast[::4096])  # resident, not just reserved
+    small = common.measure_command([sys.executable, "-c", "pass"])
+    big = common.measure_command([sys.executable, "-c",
+                                  "x = bytearray(100 * 2**20); x[::4096] = b'1' * len(x[::4096])"])
+    del ballast
+    assert small.returncode == 0 and 1 < small.peak_mib < 60
+    assert 100 < big.peak_mib < 100 + 60
+    assert small.wall_s > 0
+    done = common.measure_command([sys.executable, "-c", "print('out'); raise SystemExit(3)"],
+                                  capture_output=True)
+    assert (done.returncode, done.stdout) == (3, "out\n")
 
 
 # ----------------------------------------------------------------------------- gpu_throughput

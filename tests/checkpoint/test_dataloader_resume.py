@@ -231,3 +231,42 @@ def test_iterable_dataset_dataloader_is_replayed_from_the_recorded_rng(
         check_exact(tmp_path, lambda: DataLoader(GlobalShuffled(), batch_size=BATCH),
                     stop_at=PER_EPOCH + 3)
     assert "replaying 3 batches" in caplog.text
+
+
+def test_rebuilt_loader_keeps_every_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways of skipping consumed batches without loading them (the epoch recreated from
+    the recorded RNG states, and the fallback without a record) rebuild the loader with its
+    arguments; the fallback once dropped ``prefetch_factor`` and ``multiprocessing_context``."""
+    import multiprocessing
+    from types import SimpleNamespace
+
+    from cadence.checkpoint import data_position
+
+    context = multiprocessing.get_context("fork")
+    rebuilt: list[DataLoader] = []
+    rebuild = data_position.rebuild_dataloader
+
+    def recording(*args: Any, **kwargs: Any) -> DataLoader:
+        rebuilt.append(rebuild(*args, **kwargs))
+        return rebuilt[-1]
+
+    def make() -> DataLoader:
+        return DataLoader(Indexed(), batch_size=BATCH, shuffle=True, num_workers=1,
+                          prefetch_factor=3, multiprocessing_context=context,
+                          generator=torch.Generator().manual_seed(1))
+
+    monkeypatch.setattr(data_position, "rebuild_dataloader", recording)
+    fallback = make()  # no recorded position (an older checkpoint): skip_consumed_batches
+    rest, length = data_position.iter_epoch(fallback, 0, 2, len(fallback))
+    assert length == PER_EPOCH - 2 and len(list(rest)) == PER_EPOCH - 2
+    exact = make()  # a recorded position: the epoch is recreated, then skipped into
+    state = SimpleNamespace(train_dataloader=exact)
+    epoch = [batch[2] for batch in data_position.iter_epoch(exact, 0, 0, len(exact))[0]]
+    data_position.load_data_position(state, data_position.save_data_position(state))
+    rest, length = data_position.iter_epoch(exact, 0, 2, len(exact))
+    assert length == PER_EPOCH - 2
+    assert [batch[2].tolist() for batch in rest] == [b.tolist() for b in epoch[2:]]
+    assert len(rebuilt) == 2
+    for loader in rebuilt:
+        assert loader.num_workers == 1 and loader.prefetch_factor == 3
+        assert loader.multiprocessing_context is context

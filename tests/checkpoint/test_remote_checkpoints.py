@@ -25,9 +25,8 @@ from cadence import Trainer, dist
 from cadence.cli import main as cadence_main
 from cadence.checkpoint import CheckpointError
 from cadence.checkpoint.export import load_full_state
-from cadence.checkpoint.lock import SaveFolderInUse
+from cadence.checkpoint.lock import STALE_SECONDS, SaveFolderInUse, acquire_remote_lock
 from cadence.checkpoint.remote import COMPLETE_SUFFIX, get_filesystem, stage_dir
-from cadence.checkpoint.remote_lock import STALE_SECONDS, acquire_remote_lock
 from cadence.config.load import ConfigError, load_config
 from cadence.loggers import InMemoryLogger
 from tests.common.distributed import run_in_processes
@@ -224,13 +223,13 @@ def test_lock_object_refuses_a_live_run_and_takes_over_a_dead_one(s3_folder: str
 
 def _second_process_lock(url: str) -> None:
     """What another process on this host sees: the lock names a live PID (this one)."""
-    from cadence.checkpoint import remote_lock
+    from cadence.checkpoint import lock
 
-    held = remote_lock._HELD.pop(url)  # as if this process did not hold it itself
+    held = lock._HELD.pop(url)  # as if this process did not hold it itself
     try:
         acquire_remote_lock(url, "third")
     finally:
-        remote_lock._HELD[url] = held
+        lock._HELD[url] = held
 
 
 def test_missing_filesystem_names_the_extra(s3_bucket: str, tmp_path: Path) -> None:

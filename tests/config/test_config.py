@@ -20,6 +20,7 @@ from cadence.config.build import build_trainer, per_device_batch_size
 from cadence.config.load import (
     ConfigError, Precision, TrainConfig, config_to_dict, load_config, validate_config,
 )
+from cadence.config.parallelism import FSDPConfig, ParallelismConfig
 from cadence.core.time import Time, TimeUnit
 
 # --------------------------------------------------------------------------------------------
@@ -255,7 +256,11 @@ def test_parallelism_config_is_validated_with_the_rest(tmp_path: Path) -> None:
     assert load_config(write(tmp_path, VALID + "parallelism_config: null\n"))
     good = load_config(write(tmp_path, VALID + "parallelism_config: {fsdp: {sharding_strategy: "
                                               "SHARD_GRAD_OP}}\n"))
-    assert good.parallelism_config == {"fsdp": {"sharding_strategy": "SHARD_GRAD_OP"}}
+    # typed once, by load_config; the hyperparameters read as the file wrote it
+    assert good.parallelism_config == ParallelismConfig(
+        fsdp=FSDPConfig(sharding_strategy="SHARD_GRAD_OP"))
+    assert config_to_dict(good)["parallelism_config"] == {
+        "fsdp": {"sharding_strategy": "SHARD_GRAD_OP"}}
     text = VALID.replace("seed: 5", "seed: abc") + (
         "parallelism_config: {fsdp: {shardin_strategy: FULL_SHARD, mixed_precision: HALF}}\n")
     err = errors_of(write(tmp_path, text))
@@ -464,3 +469,118 @@ def test_build_trainer_does_not_call_the_trainers_own_errors_config_problems(
     with pytest.raises(ValueError, match=r"^checkpoint /x/ep1.pt is corrupt$") as info:
         build_trainer(load_config(write(tmp_path, VALID)))
     assert not isinstance(info.value, ConfigError)
+
+
+# --------------------------------------------------------------------------------------------
+# Typed once: load_config parses parallelism_config / compile_config; nothing after it does.
+
+
+@pytest.fixture
+def check_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the calls of each check stage and of the two section parsers."""
+    from cadence.config import load, schema
+
+    calls = {"check_schema": 0, "check_values": 0, "check_parallelism_config": 0,
+             "check_compile_config": 0}
+
+    def counting(module: Any, name: str) -> None:
+        real = getattr(module, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    counting(load, "check_schema")
+    counting(load, "check_values")
+    counting(schema, "check_parallelism_config")
+    counting(schema, "check_compile_config")
+    return calls
+
+
+TYPED_SECTIONS_YAML = (
+    "parallelism_config: {tp: {tensor_parallel_degree: 1, layer_plan: {layers.0: colwise}}}\n"
+    "compile_config: {backend: eager, per_block: false}\n")
+
+
+def test_load_config_types_the_sections_once_and_build_trainer_takes_them_as_they_are(
+    tmp_path: Path, fake_trainer: type[RecordingTrainer], check_calls: dict[str, int]
+) -> None:
+    from cadence.config.compile import CompileConfig
+    from cadence.config.parallelism import TPConfig
+
+    cfg = load_config(write(tmp_path, VALID + TYPED_SECTIONS_YAML))
+    assert cfg.parallelism_config == ParallelismConfig(
+        tp=TPConfig(tensor_parallel_degree=1, layer_plan={"layers.0": "colwise"}))
+    assert cfg.compile_config == CompileConfig(backend="eager", per_block=False)
+    once = {"check_schema": 1, "check_values": 1, "check_parallelism_config": 1,
+            "check_compile_config": 1}
+    assert check_calls == once
+
+    trainer = build_trainer(cfg)
+    assert check_calls == once  # build_trainer checked nothing again
+    kw = trainer.kwargs  # type: ignore[attr-defined]
+    assert kw["parallelism_config"] is cfg.parallelism_config  # the very objects, not a dict
+    assert kw["compile_config"] is cfg.compile_config
+    assert kw["hyperparameters"]["parallelism_config"] == {
+        "tp": {"layer_plan": {"layers.0": "colwise"}}}
+    assert kw["hyperparameters"]["compile_config"] == {"backend": "eager", "per_block": False}
+
+
+def test_build_trainer_checks_a_config_built_in_python_and_types_it(
+    tmp_path: Path, fake_trainer: type[RecordingTrainer], check_calls: dict[str, int]
+) -> None:
+    import dataclasses
+
+    from cadence.config.compile import CompileConfig
+
+    cfg = TrainConfig(max_duration="1ba", global_train_batch_size=4,
+                      model={"name": "test_config_model", "n_layer": 1},
+                      train_loader={"name": "test_config_data"},
+                      parallelism_config={"fsdp": {"sharding_strategy": "shard_grad_op"}},
+                      compile_config={"backend": "eager", "per_block": False})
+    kw = build_trainer(cfg).kwargs  # type: ignore[attr-defined]
+    assert check_calls["check_schema"] == check_calls["check_values"] == 1
+    assert kw["parallelism_config"] == ParallelismConfig(
+        fsdp=FSDPConfig(sharding_strategy="SHARD_GRAD_OP"))
+    assert isinstance(kw["compile_config"], CompileConfig)
+    # a loaded config changed into a copy is checked again: here its bad value is caught
+    loaded = load_config(write(tmp_path, VALID))
+    with pytest.raises(ConfigError, match=r"parallelism_config.fsdp.shardin_strategy"):
+        build_trainer(dataclasses.replace(
+            loaded, parallelism_config={"fsdp": {"shardin_strategy": "FULL_SHARD"}}))
+
+
+def test_validate_config_returns_the_typed_config() -> None:
+    cfg = TrainConfig(max_duration="1ba", global_train_batch_size=4,
+                      model={"name": "test_config_model", "n_layer": 1},
+                      train_loader={"name": "test_config_data"},
+                      parallelism_config={"fsdp": {}})
+    checked = validate_config(cfg)
+    assert checked.parallelism_config == ParallelismConfig(fsdp=FSDPConfig())
+    assert cfg.parallelism_config == {"fsdp": {}}  # the argument is left as it is
+    assert validate_config(checked) == checked  # typed sections are accepted as they are
+
+
+def test_compile_backend_is_checked_by_the_second_stage(tmp_path: Path) -> None:
+    err = errors_of(write(tmp_path, VALID + "compile_config: {backend: inductr}\n"))
+    assert [p.key for p in err.problems] == ["compile_config.backend"]
+    assert "'inductr' is not a dynamo backend" in str(err)
+    assert "Did you mean 'inductor'?" in str(err)
+
+
+def test_one_did_you_mean_for_every_check() -> None:
+    from cadence.config.errors import did_you_mean
+    from cadence.config.parallelism import parse_parallelism_config
+
+    assert did_you_mean("shard_grad_opp", ["FULL_SHARD", "SHARD_GRAD_OP"]) == ""
+    assert did_you_mean("shard_grad_opp", ["FULL_SHARD", "SHARD_GRAD_OP"], ignore_case=True) \
+        == " Did you mean 'SHARD_GRAD_OP'?"  # shown as the option is spelled
+    # values accepted in any case get their hint from the same helper
+    with pytest.raises(ValueError) as info:
+        parse_parallelism_config({"fsdp": {"sharding_strategy": "full_shart",
+                                           "state_dict_type": "SHRADED"}})
+    assert "'full_shart' is not one of: FULL_SHARD" in str(info.value)
+    assert "Did you mean 'FULL_SHARD'?" in str(info.value)
+    assert "'SHRADED' is not one of: full, sharded. Did you mean 'sharded'?" in str(info.value)

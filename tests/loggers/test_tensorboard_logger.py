@@ -14,7 +14,7 @@ from cadence.config import registry
 from cadence.loggers import (
     InMemoryLogger, Logger, TensorboardLogger, TensorBoardLogger,
 )
-from cadence.loggers.tensorboard_logger import flatten_hyperparameters
+from cadence.loggers.tracker_destination import flatten_hyperparameters
 from tests.common.models import SimpleModel, make_dataloader
 
 pytest.importorskip("tensorboard")

@@ -142,3 +142,25 @@ def test_fsdp_activation_checkpointing_key_is_the_plans_first_step() -> None:
                       parallelism_config={"fsdp": {"activation_checkpointing": True}})
     assert not any(isinstance(a, ActivationCheckpointing) for a in trainer.state.algorithms)
     assert all(is_checkpointed(b) for b in trainer.state.model.model.transformer.h)
+
+
+def test_trainer_parses_a_dict_once_and_takes_typed_settings_as_they_are() -> None:
+    """A dict from Python is parsed at the Trainer's edge into the typed object; a typed
+    object (what load_config produces) is the very object the Trainer keeps."""
+    from cadence import Trainer
+    from cadence.config.compile import CompileConfig
+    from cadence.config.parallelism import ParallelismConfig
+    from tests.common.models import SimpleModel, make_dataloader
+
+    def trainer(**kwargs: object) -> Trainer:
+        return Trainer(model=SimpleModel(), train_dataloader=make_dataloader(),
+                       max_duration="1ba", progress_bar=False, device="cpu", **kwargs)
+
+    from_dict = trainer(parallelism_config={}, compile_config={"enabled": False})
+    assert isinstance(from_dict.parallelism_config, ParallelismConfig)
+    assert from_dict.compile_config == CompileConfig(enabled=False)
+    typed = ParallelismConfig()
+    compiled = CompileConfig(enabled=False)
+    kept = trainer(parallelism_config=typed, compile_config=compiled)
+    assert kept.parallelism_config is typed and kept.compile_config is compiled
+    assert parse_parallelism_config(typed) is typed

@@ -20,7 +20,7 @@ from cadence.models.gpt import gpt2
 from cadence.loggers import InMemoryLogger
 from cadence.config.parallelism import parse_parallelism_config
 from cadence.parallel.memory import local_state_bytes
-from cadence.parallel.tp import plan_tensor_parallel
+from cadence.parallel.tp import FusedQKVColwiseParallel, ReplicateParallel, plan_tensor_parallel
 from tests.parallel.test_fsdp_parity import RandomTokens as CountingTokens
 
 STEPS = 10
@@ -276,6 +276,25 @@ def test_bad_tp_keys_are_refused_with_the_key_named() -> None:
         parse_parallelism_config({"tp": {"tensor_parallel_degree": 0}})
     with pytest.raises(ValueError, match=r"tp.layer_plan: \[\] must be a non-empty dict"):
         parse_parallelism_config({"tp": {"layer_plan": []}})
+
+
+def test_style_names_and_paths_resolve_in_one_place() -> None:
+    """The run-file check and the TP step read styles through one resolver."""
+    from cadence.config.tp_styles import resolve_tp_style, tp_style_problem
+
+    assert resolve_tp_style("colwise") == resolve_tp_style("ColwiseParallel") == "colwise"
+    assert resolve_tp_style("cadence.parallel.tp.FusedQKVColwiseParallel") \
+        is FusedQKVColwiseParallel
+    with pytest.raises(ValueError, match=r"'rowwize' is not a style. Did you mean 'rowwise'\?"):
+        resolve_tp_style("rowwize")
+    with pytest.raises(ValueError, match=r"'torch.nn.Linear' is not a ParallelStyle class"):
+        resolve_tp_style("torch.nn.Linear")
+    assert tp_style_problem("mypkg.Nope", import_paths=False) is None  # left to stage 2
+    assert "cannot import 'mypkg.Nope'" in str(tp_style_problem("mypkg.Nope"))
+    model = gpt2(n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, max_seq_len=SEQ)
+    plan = plan_tensor_parallel(model, 2, {
+        "model.transformer.h.*.mlp.c_fc": "cadence.parallel.tp.ReplicateParallel"})
+    assert [type(e.style) for e in plan.entries] == [ReplicateParallel]
 
 
 def test_bad_plans_are_refused_before_sharding_naming_the_module() -> None:
