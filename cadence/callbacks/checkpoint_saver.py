@@ -14,7 +14,10 @@ from typing import Any, Callable, Optional, Union
 
 from cadence.checkpoint.async_save import AsyncCheckpointer
 from cadence.checkpoint.checkpoint import FORMATS, CheckpointError, read_metadata, save_checkpoint
-from cadence.checkpoint.files import TMP_MARK, format_name, remove_checkpoint, write_latest
+from cadence.checkpoint.files import (
+    NONFINITE_SUFFIX, TMP_MARK, format_name, read_latest, remove_checkpoint, write_latest,
+)
+from cadence.checkpoint.finite import FirstNonFinite, NonFiniteStateError, nonfinite_state
 from cadence.checkpoint.remote import RemoteFolder
 from cadence.checkpoint.run_folder import RunFolder
 from cadence.core import Callback, Event, State, Time, TimeUnit
@@ -73,6 +76,16 @@ class CheckpointSaver(Callback):
             complete on every rank (then, in the writer thread, the checkpoint is also handed
             to the file-storing logger destinations). A failed background write raises at
             the next event. Default False.
+        allow_nonfinite: save states whose loss or weights hold NaN or inf as ordinary
+            checkpoints (no check). Default False: before each save the batch's loss and
+            every parameter and buffer are checked (one reduction per tensor); a non-finite
+            state is written aside as ``<name>.nonfinite`` (never listed, pointed at or
+            resumed from), ``latest`` stays on the last finite checkpoint, and the run stops
+            with :class:`~cadence.checkpoint.finite.NonFiniteStateError` naming the first
+            batch whose loss was not finite (:mod:`~cadence.checkpoint.finite`).
+        autoresume: the run resumes from its checkpoints (the Trainer's ``autoresume``):
+            ``num_checkpoints_to_keep=0`` without a logger destination that stores files is
+            then refused at ``INIT`` (nothing would be left to resume from).
 
     Attributes (Composer's names):
         folder, filename, latest_filename, remote_file_name: the templates above.
@@ -83,6 +96,7 @@ class CheckpointSaver(Callback):
 
     Raises:
         ValueError: bad ``save_interval``, ``state_dict_type`` or ``num_checkpoints_to_keep``.
+        NonFiniteStateError: at save time, the state is not finite (see ``allow_nonfinite``).
         FileExistsError: at save time, the checkpoint exists and ``overwrite`` is False
             (except this run's own checkpoint from beyond the batch it resumed at: an earlier
             attempt died before pointing ``latest`` at it, and it is replaced).
@@ -96,7 +110,8 @@ class CheckpointSaver(Callback):
                  metadata: Optional[dict[str, Any]] = None,
                  symlink_filename: Optional[str] = "latest-rank{rank}.pt",
                  remote_file_name: str = "{run_name}/checkpoints/ep{epoch}-ba{batch}-rank{rank}",
-                 save_async: bool = False) -> None:
+                 save_async: bool = False, allow_nonfinite: bool = False,
+                 autoresume: bool = False) -> None:
         if state_dict_type not in FORMATS:
             raise ValueError(f"state_dict_type {state_dict_type!r} is not one of: "
                              f"{', '.join(FORMATS)}.")
@@ -130,6 +145,9 @@ class CheckpointSaver(Callback):
         self._run_folder: Optional[RunFolder] = given
         self.save_async = save_async
         self._async: Optional[AsyncCheckpointer] = AsyncCheckpointer() if save_async else None
+        self.allow_nonfinite = allow_nonfinite
+        self.autoresume = autoresume
+        self._first_nonfinite = FirstNonFinite()  # the first NaN/inf loss, tracked on device
 
     @property
     def latest_template(self) -> str:
@@ -203,6 +221,29 @@ class CheckpointSaver(Callback):
             self._async.poll()
         super().run_event(event, state, logger)
 
+    def init(self, state: State, logger: Any) -> None:
+        """Refuse ``num_checkpoints_to_keep=0`` with autoresume and nowhere the checkpoints
+        go (no logger destination stores files): every checkpoint would be deleted as it is
+        written, and a relaunch would start from scratch.
+
+        Raises:
+            ValueError: naming the settings and the fixes.
+        """
+        del state
+        if (self.autoresume and self.num_checkpoints_to_keep == 0 and logger is not None
+                and not logger.has_file_upload_destination()):
+            raise ValueError(
+                "save_num_checkpoints_to_keep=0 with autoresume=True and no logger destination "
+                "that stores files: each checkpoint would be deleted right after it is "
+                "written, leaving autoresume nothing to resume from. Keep some "
+                "(save_num_checkpoints_to_keep: -1 or >= 1), or add a destination that stores "
+                "files, or a remote save_folder.")
+
+    def after_train_batch(self, state: State, logger: Any) -> None:
+        """Note (on the device, no host sync) whether this batch's loss is finite."""
+        if not self.allow_nonfinite:
+            self._first_nonfinite.observe(state.total_loss, int(state.timestamp.batch) + 1)
+
     def batch_checkpoint(self, state: State, logger: Any) -> None:
         if self.save_interval(state, Event.BATCH_CHECKPOINT):
             self.save(state, logger)
@@ -250,6 +291,8 @@ class CheckpointSaver(Callback):
         if self.state_dict_type == "full" and not name.endswith(".pt"):
             name += ".pt"
         path = folder / name
+        if not self.allow_nonfinite:
+            self._refuse_nonfinite(state, path, weights_only)
         if remote is not None:
             self._clear_remote_target(state, remote, name)
         elif path.exists() and not self.overwrite and not self._abandoned(state, path):
@@ -275,11 +318,56 @@ class CheckpointSaver(Callback):
         self.commit(state, folder, name)
         return path
 
+    def _refuse_nonfinite(self, state: State, path: Path, weights_only: bool) -> None:
+        """If the loss of this batch or a parameter / buffer is NaN or inf (every rank
+        checks, :func:`~cadence.checkpoint.finite.nonfinite_state`): write the state aside
+        as ``<path>.nonfinite`` and raise on every rank, ``latest`` left where it is.
+
+        Raises:
+            NonFiniteStateError: naming the batch, the first non-finite loss, what is not
+                finite, the file written aside and the opt-out.
+        """
+        problem = nonfinite_state(state.model, state.total_loss)
+        if problem is None:
+            return
+        if self._async is not None:
+            self._async.wait()  # the last finite save lands first; latest names it
+        aside = path.with_name(path.name + NONFINITE_SUFFIX)
+        try:
+            save_checkpoint(state, aside, self.state_dict_type, weights_only, self.metadata)
+            written = f"The state was written aside to {aside} for debugging"
+        except (OSError, ValueError) as exc:
+            written = f"Writing it aside to {aside} failed too ({exc})"
+        latest = None
+        if dist.get_global_rank() == 0 and self.remote_folder(state) is None:
+            try:
+                latest = read_latest(path.parent, self.latest_filename.format(
+                    run_name=state.run_name))
+            except CheckpointError:
+                latest = None
+        pointer = ("the latest pointer was not moved" if latest is None
+                   else f"the latest pointer still names {latest}")
+        first = self._first_nonfinite.first()
+        batch = int(state.timestamp.batch)
+        where = (f"The first non-finite loss was at batch {first}" if first is not None else
+                 f"Every loss this process saw was finite: the weights became non-finite in "
+                 f"an optimizer step up to batch {batch}")
+        raise NonFiniteStateError(
+            f"Not saving a checkpoint at batch {batch} (epoch {int(state.timestamp.epoch)}): "
+            f"{problem}. {where}. {written}; it is not a checkpoint of the run: {pointer}, "
+            f"and autoresume resumes from there. Common causes: a learning rate that is too "
+            f"high, fp16 overflow (try amp_bf16), bad data; the nan_monitor callback stops at "
+            f"the first non-finite loss. To save non-finite states as ordinary checkpoints and "
+            f"keep training, set save_allow_nonfinite: true (Trainer(save_allow_nonfinite="
+            f"True)).")
+
     def _clear_remote_target(self, state: State, remote: RemoteFolder, name: str) -> None:
         """Before saving ``name`` to a remote folder (rank 0 looks, every rank raises): a
         complete checkpoint of that name is refused as a local one is, unless overwriting
-        or this run's abandoned one; objects of an upload that never finished (no marker)
-        are removed.
+        or this run's abandoned one. Objects without a marker are checked first
+        (:meth:`~cadence.checkpoint.remote.RemoteFolder.inspect_unmarked`): if they pass,
+        they are a complete checkpoint (its marker is lost), treated as above; only objects
+        that fail their checks (an upload that never finished) are removed.
 
         Raises:
             FileExistsError: as for a local checkpoint.
@@ -287,6 +375,10 @@ class CheckpointSaver(Callback):
         error: list[Optional[str]] = [None]
         if dist.get_global_rank() == 0:
             marker = remote.marker(name)
+            if marker is None and name in remote.unmarked():
+                marker, why = remote.inspect_unmarked(name)
+                if marker is None:
+                    remote.remove_unmarked(name, why or "incomplete")
             if marker is not None and not self.overwrite and not (
                     self._past_resume_point(state) and marker.get("run_name") == state.run_name):
                 error[0] = (f"Checkpoint {remote.url_of(name)} already exists; set "
@@ -295,8 +387,6 @@ class CheckpointSaver(Callback):
             elif marker is not None:
                 log.warning("Replacing %s.", remote.url_of(name))
                 remote.remove(name)
-            else:
-                remote.remove_unmarked(name)
         dist.broadcast_object_list(error)
         if error[0] is not None:
             raise FileExistsError(error[0])

@@ -25,7 +25,10 @@ Integrity (see :mod:`~cadence.checkpoint.manifest`,
   stored with it (a full file's in its zip comment, a sharded directory's in
   ``manifest.json``); loading checks every file before any tensor is used (after the
   restricted unpickling, so a hostile file is reported as such). A checkpoint without
-  checksums (written before cadence had them) loads with a warning.
+  checksums (its manifest or zip comment removed, or written before cadence had them) is
+  refused unless ``require_checksums=False``; then it loads with a warning.
+- Strict loads (:mod:`~cadence.checkpoint.model_fit`): with ``strict`` (default) the model's
+  keys and shapes must match the checkpoint's, checked before any tensor is loaded.
 - A failed save removes its temporary on every rank and says which file it was writing and
   which checkpoint is intact.
 
@@ -64,6 +67,7 @@ from cadence.checkpoint.files import (
     EXTRA_FILE, METADATA_FILE, TMP_MARK, is_complete, remove_checkpoint, temporary_path,
 )
 from cadence.checkpoint.manifest import verify_checkpoint
+from cadence.checkpoint.model_fit import model_mismatch, shapes_of
 from cadence.checkpoint.optim_state import set_full_optimizer_state
 from cadence.checkpoint.rng import get_rng_state, set_rng_state
 from cadence.checkpoint.safe_unpickle import SafeFileSystemReader, refused_global
@@ -313,12 +317,27 @@ def _optimizer_mismatch(path: Path, optimizer: Optional[torch.optim.Optimizer],
             f"load_ignore_keys=['optimizers'] to keep its schedulers and timestamp.")
 
 
+def _torch_reason(exc: BaseException) -> str:
+    """What ``torch.load`` said, without its advice to retry with ``weights_only=False``
+    (never passed on: that would run the file's code)."""
+    text = str(exc)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation")[0]
+    elif "trusted source." in text:
+        text = text.split("trusted source.", 1)[1].split("Check the documentation")[0]
+    if "weights_only" in text or not text.strip():
+        text = "it cannot be unpickled safely"
+    return f"{type(exc).__name__}: {' '.join(text.split())[:300]}"
+
+
 def safe_torch_load(path: Path, mmap: bool = False) -> Any:
     """``torch.load(path, weights_only=True)`` to CPU (``mmap``: memory-mapped), rank-local.
 
     Raises:
-        CheckpointError: the file is missing, truncated or corrupt, or holds an object that
-            is not allowed in a checkpoint (the message names the file and what to do).
+        CheckpointError: the file is missing, is not a checkpoint (not a ``torch.save``
+            file: a raw pickle, a text file...), is truncated or corrupt, or holds an object
+            that is not allowed in a checkpoint (the message names the file and what to do;
+            it never suggests loading with ``weights_only=False``).
     """
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -332,11 +351,28 @@ def safe_torch_load(path: Path, mmap: bool = False) -> Any:
                 f"(torch.load(weights_only=True) refuses {refused}); it was not loaded and "
                 f"nothing in it ran. Checkpoints hold tensors and plain Python values only: "
                 f"return those from state_dict(), and do not load a file you do not trust."
-            ) from exc
+            ) from None
+        try:
+            with open(path, "rb") as f:
+                head = f.read(4)
+        except OSError:
+            head = b""
+        if head[:2] != b"PK":  # not a zip: torch.save never wrote it
+            what = "a raw pickle" if head[:1] == b"\x80" else "not a torch.save file"
+            raise CheckpointError(
+                f"{path} is not a checkpoint ({what}: a checkpoint is a zip archive written "
+                f"by torch.save); it was not loaded and nothing in it ran. Give the path of a "
+                f"checkpoint (.pt) or of a sharded checkpoint folder.") from None
+        if "Weights only load failed" in str(exc) or "WeightsUnpickler" in str(exc):
+            raise CheckpointError(
+                f"Checkpoint file {path} holds objects a checkpoint must not hold "
+                f"(torch.load(weights_only=True) refuses it: {_torch_reason(exc)}); it was "
+                f"not loaded and nothing in it ran. Do not load a file you do not trust."
+            ) from None
         raise CheckpointError(
             f"Checkpoint file {path} cannot be read: it is truncated or corrupt. Load an "
-            f"earlier checkpoint. ({type(exc).__name__}: {str(exc)[:500]})"
-        ) from exc
+            f"earlier checkpoint. ({_torch_reason(exc)})"
+        ) from None
 
 
 def read_metadata(path: Path) -> dict[str, Any]:
@@ -354,22 +390,33 @@ def read_metadata(path: Path) -> dict[str, Any]:
     return dict(extra["metadata"])
 
 
-def verify(path: Path, part: tuple[int, int] = (0, 1)) -> None:
+def verify(path: Path, part: tuple[int, int] = (0, 1), require: bool = False) -> None:
     """Check the checkpoint at ``path`` against the CRC32Cs written with it (rank-local;
     ``part`` ``(index, count)`` checks every ``count``-th file from ``index``); a checkpoint
-    without checksums is logged as unverified.
+    without checksums is refused (``require``) or logged as unverified.
 
     Raises:
-        CheckpointError: a file is missing or differs from its manifest (names the file).
+        CheckpointError: a file is missing or differs from its manifest (names the file);
+            with ``require``, the checkpoint has no checksums.
     """
     path = Path(path)
-    if not verify_checkpoint(path, part) and part[0] == 0:
+    if verify_checkpoint(path, part):
+        return
+    where = "no manifest.json in it" if path.is_dir() else "no CRC32C in its zip comment"
+    if require:
+        raise CheckpointError(
+            f"Checkpoint {path} has no checksums ({where}): cadence writes them with every "
+            f"checkpoint, so they were removed or lost, or it was written before cadence had "
+            f"them; its bytes cannot be verified, so it is refused. If you trust this file, "
+            f"set require_checksums: false (Trainer(require_checksums=False)) to load it "
+            f"unverified.")
+    if part[0] == 0:
         log.warning("Checkpoint %s has no checksums (%s): it was written before cadence had "
                     "them, or they were lost; it loads unverified.", path,
                     "no manifest.json in it" if path.is_dir() else "no CRC32C in its zip comment")
 
 
-def load_verified(path: Path, checksums: bool) -> Any:
+def load_verified(path: Path, checksums: bool, require: bool = False) -> Any:
     """``torch.load(weights_only=True)`` the full file at ``path`` while a thread checks its
     CRC32C (the two overlap: CRC32C runs without the GIL); returns when both are done, so no
     tensor is used unverified. The unpickler's verdict is reported first, so a hostile file
@@ -378,6 +425,7 @@ def load_verified(path: Path, checksums: bool) -> Any:
     Args:
         path: a ``full`` checkpoint file.
         checksums: check its CRC32C (False: only load it).
+        require: refuse it when it has no CRC32C (``require_checksums``).
 
     Raises:
         CheckpointError: as :func:`safe_torch_load`, or the file differs from its CRC32C.
@@ -385,7 +433,7 @@ def load_verified(path: Path, checksums: bool) -> Any:
     if not checksums:
         return safe_torch_load(path)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify") as pool:
-        verified = pool.submit(verify, path)
+        verified = pool.submit(verify, path, (0, 1), require)
         loaded = safe_torch_load(path)  # on error, leaving the block waits for the thread
     verified.result()
     return loaded
@@ -415,19 +463,23 @@ def _ignored(key: str, ignore: Sequence[str]) -> bool:
 
 
 def load_checkpoint(state: State, path: Path, weights_only: bool = False, strict: bool = True,
-                    ignore_keys: Sequence[str] = (), checksums: bool = True) -> dict[str, Any]:
+                    ignore_keys: Sequence[str] = (), checksums: bool = True,
+                    require_checksums: bool = True) -> dict[str, Any]:
     """Load the checkpoint at ``path`` into ``state`` (call on every rank).
 
     Args:
         state: the run's state; its model may be sharded differently from the checkpoint's.
         path: a full ``.pt`` file or a sharded directory.
         weights_only: load the model only (fresh optimizer, schedulers and timestamp).
-        strict: the model's keys must match the checkpoint's exactly.
+        strict: the model's keys must match the checkpoint's exactly (checked before any
+            tensor loads; shapes must match even when not strict).
         ignore_keys: glob patterns of what to skip: ``model/<parameter name>`` (e.g.
             ``model/model.classifier.*``), ``optimizers``, ``schedulers``, ``timestamp``,
             ``rng``, ``algorithms/<Class>``, ``callbacks/<Class>``.
         checksums: check every file against the CRC32Cs written with it before any tensor
             is used (default). Off only to measure what it costs.
+        require_checksums: refuse a checkpoint without checksums (default); False loads one
+            (e.g. written before cadence had them) unverified, with a warning.
 
     Returns:
         The checkpoint's metadata.
@@ -442,18 +494,27 @@ def load_checkpoint(state: State, path: Path, weights_only: bool = False, strict
     if not is_complete(path):
         raise CheckpointError(not_loadable(path))
     if path.is_dir():
-        return _load_sharded(state, path, weights_only, strict, ignore_keys, checksums)
-    return _load_full(state, path, weights_only, strict, ignore_keys, checksums)
+        return _load_sharded(state, path, weights_only, strict, ignore_keys, checksums,
+                             require_checksums)
+    return _load_full(state, path, weights_only, strict, ignore_keys, checksums,
+                      require_checksums)
 
 
 def _load_full(state: State, path: Path, weights_only: bool, strict: bool,
-               ignore_keys: Sequence[str], checksums: bool) -> dict[str, Any]:
+               ignore_keys: Sequence[str], checksums: bool, require: bool) -> dict[str, Any]:
     rank0 = dist.get_global_rank() == 0
     error: list[Any] = [None]
     loaded: Any = None
+    model_shapes = shapes_of(get_model_state_dict(state.model, options=_options(False)))
     if rank0:
         try:
-            loaded = load_verified(path, checksums)
+            loaded = load_verified(path, checksums, require)
+            if not isinstance(loaded, dict) or not isinstance(loaded.get("model"), dict):
+                raise CheckpointError(f"{path} is not a cadence checkpoint: it holds no "
+                                      f"'model' state dict (a .pt file of plain weights? "
+                                      f"load it into the model yourself).")
+            error[0] = model_mismatch(path, shapes_of(loaded["model"]), model_shapes, strict,
+                                      ignore_keys)
         except CheckpointError as exc:
             error[0] = str(exc)
     dist.broadcast_object_list(error)
@@ -486,24 +547,33 @@ def _load_full(state: State, path: Path, weights_only: bool, strict: bool,
     return dict(rest["metadata"])
 
 
-def _read_sharded_parts(reader: SafeFileSystemReader, path: Path,
-                        checksums: bool) -> dict[str, Any]:
+def _read_sharded_parts(reader: SafeFileSystemReader, path: Path, checksums: bool,
+                        require: bool, model_shapes: dict[str, Any], strict: bool,
+                        ignore_keys: Sequence[str]) -> dict[str, Any]:
     """Rank-local checks before DCP reads a shard: ``.metadata`` through the restricted
     unpickler, ``extra.pt`` with ``weights_only``, then this rank's share of the checksums
-    (ranks split the files). Returns ``extra.pt``'s contents."""
-    reader.read_metadata()
+    (ranks split the files), then whether the model fits (``model_shapes``:
+    :func:`~cadence.checkpoint.model_fit.model_mismatch`). Returns ``extra.pt``'s
+    contents."""
+    metadata = reader.read_metadata()
     extra = safe_torch_load(path / EXTRA_FILE)
     if checksums:
-        verify(path, part=(dist.get_global_rank(), dist.get_world_size()))
+        verify(path, part=(dist.get_global_rank(), dist.get_world_size()), require=require)
+    saved = {key[len("model."):]: tuple(getattr(meta, "size", None) or ()) or None
+             for key, meta in metadata.state_dict_metadata.items() if key.startswith("model.")}
+    mismatch = model_mismatch(path, saved, model_shapes, strict, ignore_keys)
+    if mismatch is not None:
+        raise CheckpointError(mismatch)
     return extra
 
 
 def _load_sharded(state: State, path: Path, weights_only: bool, strict: bool,
-                  ignore_keys: Sequence[str], checksums: bool) -> dict[str, Any]:
+                  ignore_keys: Sequence[str], checksums: bool, require: bool) -> dict[str, Any]:
     reader = SafeFileSystemReader(str(path))
-    extra = _all_ranks(lambda: _read_sharded_parts(reader, path, checksums))
-    template: dict[str, Any] = {
-        "model": _drop_ignored(get_model_state_dict(state.model), "model", ignore_keys)}
+    model_sd = get_model_state_dict(state.model)
+    extra = _all_ranks(lambda: _read_sharded_parts(reader, path, checksums, require,
+                                                   shapes_of(model_sd), strict, ignore_keys))
+    template: dict[str, Any] = {"model": _drop_ignored(model_sd, "model", ignore_keys)}
     if not weights_only:
         if not _ignored("optimizers", ignore_keys):
             template["optimizers"] = {str(i): get_optimizer_state_dict(state.model, opt)

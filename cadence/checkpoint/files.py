@@ -11,22 +11,31 @@ Temporaries are named ``<final name>.tmp-<run tag>-<random>``, the run tag being
 the run's name (:func:`run_tag`), so a starting run can tell its own stale temporaries
 (from a killed save) from another run's and removes only its own
 (:func:`remove_stale_temporaries`).
+
+Checkpoints set aside are never candidates: one autoresume rejected (it failed its checksums
+and the run fell back to an earlier one) is renamed ``<name>.rejected-<time>``
+(:func:`move_aside`), and a state with NaN/inf values is written as ``<name>.nonfinite``
+(:mod:`~cadence.checkpoint.finite`); both stay for a person to inspect, neither is deleted.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import secrets
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from cadence.checkpoint.errors import CheckpointError
 
 __all__ = [
-    "TMP_MARK", "EXTRA_FILE", "METADATA_FILE", "MANIFEST_FILE", "format_name", "is_complete",
+    "TMP_MARK", "EXTRA_FILE", "METADATA_FILE", "MANIFEST_FILE", "NONFINITE_SUFFIX",
+    "REJECTED_MARK", "format_name", "is_aside", "is_complete", "move_aside",
+    "not_a_checkpoint_folder",
     "atomic_write_bytes", "manifest_path", "run_tag",
     "temporary_path", "write_latest", "read_latest", "checkpoint_candidates",
     "find_latest_checkpoint", "remove_checkpoint", "remove_stale_temporaries",
@@ -36,6 +45,10 @@ TMP_MARK = ".tmp-"  # in the name of anything still being written
 EXTRA_FILE = "extra.pt"  # a sharded checkpoint's non-sharded part (rank 0 writes it)
 METADATA_FILE = ".metadata"  # written by torch.distributed.checkpoint when a save completes
 MANIFEST_FILE = "manifest.json"  # a sharded checkpoint's checksums, inside its directory
+REJECTED_MARK = ".rejected-"  # <name>.rejected-<time>: autoresume rejected it, kept aside
+NONFINITE_SUFFIX = ".nonfinite"  # <name>.nonfinite: a state with NaN/inf, kept for debugging
+
+log = logging.getLogger(__name__)
 
 
 def run_tag(run_name: str) -> str:
@@ -80,6 +93,48 @@ def is_complete(path: Path) -> bool:
     if path.is_dir():
         return (path / METADATA_FILE).is_file() and (path / EXTRA_FILE).is_file()
     return path.is_file() and path.stat().st_size > 0
+
+
+def is_aside(path: Path) -> bool:
+    """Whether ``path`` was set aside (``*.rejected-<time>``, ``*.nonfinite``): never listed,
+    pointed at or resumed from."""
+    return REJECTED_MARK in path.name or path.name.endswith(NONFINITE_SUFFIX)
+
+
+def move_aside(path: Path) -> Path:
+    """Rename the checkpoint at ``path`` to ``<name>.rejected-<UTC time>`` in its folder (never
+    deleting it), so no later save collides with it and no finder takes it again. Returns the
+    new path.
+
+    Raises:
+        OSError: the rename failed (e.g. a read-only folder).
+    """
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = path.with_name(f"{path.name}{REJECTED_MARK}{stamp}")
+    count = 1
+    while target.exists() or target.is_symlink():
+        count += 1
+        target = path.with_name(f"{path.name}{REJECTED_MARK}{stamp}-{count}")
+    os.replace(path, target)
+    return target
+
+
+def not_a_checkpoint_folder(folder: Path) -> Optional[str]:
+    """Why the directory ``folder``, given as ``load_path``, is not a checkpoint (a run's save
+    folder, or a folder without DCP's ``.metadata``), naming a checkpoint in it when there is
+    one; None when it is a sharded checkpoint (complete or not: loading reports the rest)."""
+    if (folder / METADATA_FILE).is_file() or (folder / EXTRA_FILE).is_file():
+        return None
+    inside = sorted((p for p in folder.iterdir() if TMP_MARK not in p.name and not is_aside(p)
+                     and (p.suffix == ".pt" or (p / METADATA_FILE).is_file())),
+                    key=lambda p: p.stat().st_mtime_ns)
+    if inside:
+        return (f"{str(folder)!r} is a folder of checkpoints (a run's save folder), not a "
+                f"checkpoint; give one of them, e.g. load_path: {inside[-1]} (the newest), or "
+                f"to continue that run set save_folder to it with autoresume: true.")
+    return (f"{str(folder)!r} is a folder without a checkpoint in it (no .metadata, so not a "
+            f"sharded checkpoint); give the path of a .pt file or of a sharded checkpoint "
+            f"folder.")
 
 
 def atomic_write_bytes(path: Path, data: bytes, run_name: Optional[str] = None) -> None:
@@ -148,8 +203,17 @@ def read_latest(folder: Path, latest_filename: str) -> Optional[Path]:
     pointer = folder / latest_filename
     if not pointer.is_file():
         return None
-    target = folder / _pointed_name(pointer)
-    return target if is_complete(target) else None
+    name = _pointed_name(pointer)
+    target = folder / name
+    if is_complete(target) and str(name) not in ("", ".") and not is_aside(target):
+        return target
+    what = ("does not exist" if not target.exists() else
+            "is its own folder" if str(name) in ("", ".") else
+            "was set aside" if is_aside(target) else "is not a complete checkpoint")
+    log.warning("The latest pointer %s holds %r, which %s; it is ignored, and the newest "
+                "complete checkpoint of the run in %s is used instead (if any).", pointer,
+                str(name), what, folder)
+    return None
 
 
 def checkpoint_candidates(folder: Path, latest_filename: str,
@@ -170,7 +234,7 @@ def checkpoint_candidates(folder: Path, latest_filename: str,
         yield pointed
     candidates = [p for p in folder.iterdir()
                   if p.name != latest_filename and not p.is_symlink()  # latest-rank0.pt
-                  and (p.is_dir() or p.suffix == ".pt")
+                  and (p.is_dir() or p.suffix == ".pt") and not is_aside(p)
                   and p != pointed and is_complete(p)]
     candidates.sort(key=lambda p: p.stat().st_mtime_ns, reverse=True)
     yield from (p for p in candidates if belongs is None or belongs(p))
@@ -200,8 +264,10 @@ def remove_checkpoint(path: Path) -> None:
 
 def remove_stale_temporaries(folder: Path, run_name: str, latest_filename: str) -> list[Path]:
     """Remove run ``run_name``'s temporaries left in ``folder`` by saves that were killed:
-    those whose name carries the run's :func:`run_tag`, and temporaries of the run's
-    ``latest`` pointer. Another run's temporaries (another tag) are left alone. Call when the
+    those whose name carries the run's :func:`run_tag`, temporaries of the run's ``latest``
+    pointer, and symlink temporaries (``latest-rank0.pt.tmp-<hex>``, from a save killed while
+    moving Composer's symlink: removing a symlink never removes what it points to). Another
+    run's temporaries (another tag) are left alone. Call when the
     run starts, before it saves (the run-folder lock keeps a second live run of the same name
     out of the folder).
 
@@ -213,7 +279,8 @@ def remove_stale_temporaries(folder: Path, run_name: str, latest_filename: str) 
     own = f"{TMP_MARK}{run_tag(run_name)}-"
     removed = []
     for path in folder.iterdir():
-        if own in path.name or path.name.startswith(latest_filename + TMP_MARK):
+        if (own in path.name or path.name.startswith(latest_filename + TMP_MARK)
+                or (path.is_symlink() and TMP_MARK in path.name)):
             remove_checkpoint(path)
             removed.append(path)
     return sorted(removed)

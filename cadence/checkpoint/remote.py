@@ -15,7 +15,16 @@ comment, the restricted unpicklers on load) carries over unchanged:
    manifest's CRC32C), then the ``latest`` pointer object. Object stores have no atomic
    rename: a checkpoint is complete when its marker exists, and only then listed, pointed
    at, resumed from or loaded. An upload killed half way leaves objects without a marker,
-   never taken for a checkpoint; the resumed run's save of that name replaces them.
+   never taken for a checkpoint; the resumed run's save of that name replaces them once they
+   fail their checks (:meth:`RemoteFolder.inspect_unmarked`).
+
+A missing marker alone never condemns data: a checkpoint whose files all pass their
+checksums is complete, marker or not. Autoresume downloads and verifies every unmarked
+checkpoint of the run (:meth:`RemoteFolder.repair_markers`): one that passes gets its
+marker rewritten (logged as a WARNING) and is resumed from like any other; one that fails is
+kept and ignored (WARNING). A save over unmarked objects verifies them first: complete ones
+are refused as a complete checkpoint of that name is, and only objects that fail their
+checks are removed (WARNING, naming why).
 3. The staged copy is removed: the stage holds at most the checkpoint being written, a
    downloaded one, and the run's logs (``metrics.jsonl``, uploaded at every save and at
    ``close()``).
@@ -230,15 +239,116 @@ class RemoteFolder:
                 self.fs.rm(key, recursive=recursive)
         self._refresh()
 
-    def remove_unmarked(self, name: str) -> None:
-        """Delete the objects of ``name`` when it has no marker (a killed upload)."""
+    def inspect_unmarked(self, name: str) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+        """Whether the objects of ``name``, which has no marker, are a complete checkpoint:
+        downloaded into the stage and checked (every file against its checksums, which must
+        be there, and its metadata readable). Returns ``(metadata, None)`` when complete (the
+        verified copy stays in the stage, for a load), ``(None, why)`` when not.
+
+        Raises:
+            OSError: the store could not be read (nothing is concluded from that).
+        """
+        from cadence.checkpoint.checkpoint import read_metadata, verify
+
+        try:
+            local = self.download(name, require_marker=False)
+        except (CheckpointError, FileNotFoundError) as exc:
+            return None, str(exc)
+        try:
+            verify(local, require=True)
+            return read_metadata(local), None
+        except CheckpointError as exc:
+            remove_checkpoint(local)
+            return None, str(exc)
+
+    def remove_unmarked(self, name: str, why: str) -> None:
+        """Delete the objects of ``name``, which has no marker and failed its checks
+        (``why``, from :meth:`inspect_unmarked`): a killed upload. Logged as a WARNING."""
         self._refresh()
         if self.marker(name) is None and self.fs.exists(self._key(name)):
-            log.info("Removing %s: an upload that never finished (no completion marker).",
-                     self.url_of(name))
+            log.warning("Removing %s: it has no completion marker and fails its checks (%s), "
+                        "so it is an upload that never finished; this run's save of that name "
+                        "replaces it.", self.url_of(name), why)
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm(self._key(name), recursive=True)
             self._refresh()
+
+    def unmarked(self) -> list[str]:
+        """Names of the checkpoint objects in the folder without a completion marker: a
+        ``.pt`` file, or a directory holding DCP's ``.metadata``; not temporaries, not
+        checkpoints set aside."""
+        from cadence.checkpoint.files import METADATA_FILE, is_aside
+
+        self._refresh()
+        try:
+            entries = self.fs.ls(self.root, detail=True)
+        except FileNotFoundError:
+            return []
+        bases = {e["name"].rstrip("/").rsplit("/", 1)[-1]: e.get("type") for e in entries}
+        found = []
+        for base, kind in sorted(bases.items()):
+            if (base.endswith(COMPLETE_SUFFIX) or base + COMPLETE_SUFFIX in bases
+                    or TMP_MARK in base or is_aside(Path(base))):
+                continue
+            if kind == "directory":
+                if self.fs.exists(f"{self._key(base)}/{METADATA_FILE}"):
+                    found.append(base)
+            elif base.endswith(".pt"):
+                found.append(base)
+        return found
+
+    def _modified(self, name: str) -> float:
+        """When ``name`` was written (a directory: its ``.metadata``), as a POSIX time; now
+        when the store does not say."""
+        from cadence.checkpoint.files import METADATA_FILE
+
+        key = self._key(name)
+        try:
+            if self.fs.isdir(key):
+                key = f"{key}/{METADATA_FILE}"
+            info = self.fs.info(key)
+        except OSError:
+            return time.time()
+        stamp = info.get("LastModified", info.get("mtime", info.get("created")))
+        if hasattr(stamp, "timestamp"):
+            return float(stamp.timestamp())
+        return float(stamp) if isinstance(stamp, (int, float)) else time.time()
+
+    def repair_markers(self, run_name: Optional[str]) -> list[str]:
+        """Rewrite the marker of every unmarked checkpoint of ``run_name`` that passes its
+        checks (:meth:`inspect_unmarked`; its ``saved_at`` is when the store says it was
+        written); each is logged as a WARNING, and so is each unmarked checkpoint that fails
+        (kept, not resumed from) or is another run's (left alone). Nothing is deleted.
+        Rank 0, before resuming.
+
+        Returns:
+            The names whose markers were rewritten.
+
+        Raises:
+            OSError: the store could not be read or written.
+        """
+        repaired = []
+        for name in self.unmarked():
+            metadata, why = self.inspect_unmarked(name)
+            if metadata is None:
+                log.warning("%s has no completion marker and fails its checks (%s): taken for "
+                            "an upload that did not finish; it is kept, but not resumed from.",
+                            self.url_of(name), why)
+                continue
+            owner = metadata.get("run_name")
+            if run_name is not None and owner != run_name:
+                log.warning("%s has no completion marker; it passes its checksums but is run "
+                            "%r's, not %r's: left as it is.", self.url_of(name), owner, run_name)
+                continue
+            local = self.stage / "loaded" / name
+            self.mark_complete(name, local if local.is_dir() else None, run_name=owner,
+                               format=metadata.get("format"), saved_at=self._modified(name),
+                               repaired=True)
+            log.warning("%s had no completion marker, but every file passes its checksums: it "
+                        "is a complete checkpoint, and its marker was rewritten.",
+                        self.url_of(name))
+            repaired.append(name)
+        return repaired
 
     # ------------------------------------------------------------------ reading
     def marker(self, name: str) -> Optional[dict[str, Any]]:
@@ -294,10 +404,13 @@ class RemoteFolder:
                       key=lambda n: float(marked[n].get("saved_at", 0)), reverse=True)
         return ([pointed] if pointed is not None else []) + rest
 
-    def download(self, name: str, dest: Optional[Path] = None) -> Path:
+    def download(self, name: str, dest: Optional[Path] = None,
+                 require_marker: bool = True) -> Path:
         """Download complete checkpoint ``name`` to ``dest`` (default the stage's
         ``loaded/<name>``) through a temporary, renamed when every file is there; an
         existing complete copy is reused (the load checks every file's CRC32C).
+        ``require_marker=False``: download it without a marker (always afresh), for
+        :meth:`inspect_unmarked` to check.
 
         Raises:
             CheckpointError: ``name`` has no completion marker (its upload did not finish),
@@ -306,6 +419,8 @@ class RemoteFolder:
         """
         self._refresh()
         marker = self.marker(name)
+        if marker is None and not require_marker:
+            marker = {"saved_at": float("inf")}  # never reuse a staged copy
         if marker is None:
             raise CheckpointError(
                 f"{self.url_of(name)} has no completion marker ({name}{COMPLETE_SUFFIX}): its "

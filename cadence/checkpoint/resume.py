@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 from cadence.checkpoint.errors import CheckpointError
 from cadence.checkpoint.files import (
-    checkpoint_candidates, remove_checkpoint, remove_stale_temporaries,
+    checkpoint_candidates, move_aside, remove_checkpoint, remove_stale_temporaries, write_latest,
 )
-from cadence.checkpoint.remote import COMPLETE_SUFFIX, RemoteFolder, is_remote, local_path
+from cadence.checkpoint.remote import (
+    COMPLETE_SUFFIX, RemoteFolder, fetched, is_remote, local_path,
+)
 from cadence.utils import dist
 
 if TYPE_CHECKING:
     from cadence.checkpoint.run_folder import RunFolder
+    from cadence.core.state import State
 
-__all__ = ["newest_intact_checkpoint", "newest_intact_remote_checkpoint", "resolve_load_path",
-           "written_by"]
+__all__ = ["load_at_start", "newest_intact_checkpoint", "newest_intact_remote_checkpoint",
+           "resolve_load_path", "written_by"]
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +40,15 @@ def written_by(path: Path, run_name: Optional[str]) -> bool:
         return False
 
 
-def newest_intact_checkpoint(folder: Path, latest_filename: str,
-                             run_name: Optional[str]) -> Optional[Path]:
+def newest_intact_checkpoint(folder: Path, latest_filename: str, run_name: Optional[str],
+                             require_checksums: bool = True) -> Optional[Path]:
     """The newest checkpoint of ``run_name`` in ``folder`` that passes its checksums: the one
     the ``latest`` pointer names, else (or when it fails) the newest complete one whose
     metadata names the run. Each rejected checkpoint is logged as a warning naming it and
-    the file that failed. Rank-local.
+    the file that failed. When an earlier checkpoint passes, the rejected newer ones are
+    moved aside (renamed ``<name>.rejected-<time>``, never deleted:
+    :func:`~cadence.checkpoint.files.move_aside`), so the resumed run's saves do not collide
+    with them, and the pointer is moved to the one resumed from. Rank-local (rank 0).
 
     Raises:
         CheckpointError: the pointer is garbage or points outside ``folder``; or the run has
@@ -51,18 +57,22 @@ def newest_intact_checkpoint(folder: Path, latest_filename: str,
     from cadence.checkpoint.checkpoint import verify
 
     rejected: list[str] = []
+    rejected_paths: list[Path] = []
     for candidate in checkpoint_candidates(folder, latest_filename,
                                            belongs=lambda p: written_by(p, run_name)):
         try:
-            verify(candidate)
+            verify(candidate, require=require_checksums)
         except CheckpointError as exc:
             log.warning("Autoresume rejects checkpoint %s: %s", candidate, exc)
             rejected.append(f"{candidate}: {exc}")
+            rejected_paths.append(candidate)
             continue
         if rejected:
+            moved = [_set_aside(path) for path in rejected_paths]
+            write_latest(folder, latest_filename, candidate.name)
             log.warning("Autoresume falls back to %s, the newest checkpoint of run %s that "
-                        "passes its checksums (rejected: %s).", candidate, run_name,
-                        ", ".join(r.split(": ", 1)[0] for r in rejected))
+                        "passes its checksums; the rejected checkpoints were moved aside, not "
+                        "deleted: %s.", candidate, run_name, ", ".join(moved))
         return candidate
     if rejected:
         raise CheckpointError(
@@ -72,21 +82,34 @@ def newest_intact_checkpoint(folder: Path, latest_filename: str,
     return None
 
 
+def _set_aside(path: Path) -> str:
+    """Move the rejected checkpoint ``path`` aside; ``old -> new`` for the message (or why it
+    could not be moved: the run's save of that name will then refuse to replace it)."""
+    try:
+        return f"{path} -> {move_aside(path).name}"
+    except OSError as exc:
+        return f"{path} (could not be moved aside: {exc})"
+
+
 def newest_intact_remote_checkpoint(remote: RemoteFolder, latest_filename: str,
-                                    run_name: Optional[str]) -> Optional[str]:
+                                    run_name: Optional[str],
+                                    require_checksums: bool = True) -> Optional[str]:
     """:func:`newest_intact_checkpoint` for the remote folder ``remote``: the URL of the
     newest checkpoint of ``run_name`` with a completion marker that downloads and passes its
-    checksums (the copy stays in the stage for the load). Rank-local.
+    checksums (the copy stays in the stage for the load). First, an unmarked checkpoint of
+    the run that passes its checksums gets its marker back
+    (:meth:`~cadence.checkpoint.remote.RemoteFolder.repair_markers`). Rank-local.
 
     Raises:
         CheckpointError: as :func:`newest_intact_checkpoint`.
     """
     from cadence.checkpoint.checkpoint import verify
 
+    remote.repair_markers(run_name)  # a lost marker never condemns a checkpoint that verifies
     rejected: list[str] = []
     for name in remote.candidates(latest_filename, run_name):
         try:
-            verify(remote.download(name))
+            verify(remote.download(name), require=require_checksums)
         except (CheckpointError, OSError) as exc:
             remove_checkpoint(remote.stage / "loaded" / name)  # the rejected copy
             log.warning("Autoresume rejects checkpoint %s: %s", remote.url_of(name), exc)
@@ -105,7 +128,8 @@ def newest_intact_remote_checkpoint(remote: RemoteFolder, latest_filename: str,
 
 
 def resolve_load_path(autoresume: bool, save_folder: Optional[RunFolder], latest_filename: str,
-                      load_path: Optional[str], run_name: Optional[str] = None
+                      load_path: Optional[str], run_name: Optional[str] = None,
+                      require_checksums: bool = True
                       ) -> tuple[Optional[Union[Path, str]], bool]:
     """The checkpoint to load (a local path, or the URL of a remote one: load it through
     :func:`~cadence.checkpoint.remote.fetched`) and whether it is an autoresume (a
@@ -124,6 +148,7 @@ def resolve_load_path(autoresume: bool, save_folder: Optional[RunFolder], latest
         latest_filename: the ``latest`` pointer's name (``{run_name}`` filled in).
         load_path: the checkpoint to load when not resuming (a path or URL), or None.
         run_name: the run whose checkpoints autoresume takes.
+        require_checksums: a checkpoint without checksums is rejected (default).
 
     Raises:
         CheckpointError: on every rank, as :func:`newest_intact_checkpoint` raises it.
@@ -138,10 +163,10 @@ def resolve_load_path(autoresume: bool, save_folder: Optional[RunFolder], latest
                              len(removed), run_name, ", ".join(p.name for p in removed))
             if autoresume and save_folder is not None:
                 found = (newest_intact_remote_checkpoint(save_folder.remote, latest_filename,
-                                                         run_name)
+                                                         run_name, require_checksums)
                          if save_folder.remote is not None
                          else newest_intact_checkpoint(save_folder.local, latest_filename,
-                                                       run_name))
+                                                       run_name, require_checksums))
                 if found is not None:
                     choice = [str(found), True, None]
         except (CheckpointError, ValueError, OSError) as exc:  # also: the store unreachable
@@ -155,3 +180,48 @@ def resolve_load_path(autoresume: bool, save_folder: Optional[RunFolder], latest
     if path is not None and not is_remote(path):
         path = local_path(path)
     return path, bool(choice[1])
+
+
+def load_at_start(state: State, run_folder: Optional[RunFolder], latest_filename: str,
+                  load_path: Optional[str], autoresume: bool, *, weights_only: bool = False,
+                  strict: bool = True, ignore_keys: Sequence[str] = (),
+                  require_checksums: bool = True,
+                  check_layout: Optional[Callable[[Path], None]] = None) -> Optional[str]:
+    """The Trainer's load step (call on every rank): resolve what to load
+    (:func:`resolve_load_path`), fetch it (a remote one is downloaded, then removed), check
+    its layout (``check_layout(local path)``, skipped for a weights-only load), load it into
+    ``state`` (:func:`~cadence.checkpoint.checkpoint.load_checkpoint`) and log which
+    checkpoint the run resumed from or loaded (INFO; ``cadence train`` prints it).
+
+    Args:
+        state: the run's state.
+        run_folder: the run's save folder (None: none).
+        latest_filename: the ``latest`` pointer's name, ``{run_name}`` filled in.
+        load_path: ``load_path`` (used when not resuming).
+        autoresume: resume the run's newest intact checkpoint in ``run_folder``.
+        weights_only, strict, ignore_keys, require_checksums: the Trainer's ``load_*``
+            arguments (``weights_only`` applies to ``load_path`` only: a resume is full).
+        check_layout: refuses a checkpoint the run's mesh cannot resume.
+
+    Returns:
+        The path or URL loaded, or None when nothing was.
+
+    Raises:
+        CheckpointError: on every rank, as :func:`resolve_load_path` and ``load_checkpoint``.
+    """
+    from cadence.checkpoint.checkpoint import load_checkpoint
+
+    path, resuming = resolve_load_path(autoresume, run_folder, latest_filename, load_path,
+                                       run_name=state.run_name,
+                                       require_checksums=require_checksums)
+    if path is None:
+        return None
+    weights_only = weights_only and not resuming
+    with fetched(path) as local:
+        if check_layout is not None and not weights_only:  # refused before anything loads
+            check_layout(local)
+        load_checkpoint(state, local, weights_only=weights_only, strict=strict,
+                        ignore_keys=ignore_keys, require_checksums=require_checksums)
+    log.info("%s checkpoint %s at %s", "Resumed from" if resuming else "Loaded", path,
+             state.timestamp)
+    return str(path)

@@ -190,12 +190,12 @@ def _local_owners(folder: Path) -> Iterator[tuple[str, object]]:
     (lazily); files that are not readable checkpoints are skipped (autoresume reports
     those)."""
     from cadence.checkpoint.checkpoint import CheckpointError, read_metadata
-    from cadence.checkpoint.files import is_complete
+    from cadence.checkpoint.files import is_aside, is_complete
 
     if not folder.is_dir():
         return
     for path in sorted(folder.iterdir()):
-        if not (path.is_dir() or path.suffix == ".pt") or not is_complete(path):
+        if not (path.is_dir() or path.suffix == ".pt") or is_aside(path) or not is_complete(path):
             continue
         try:
             owner = read_metadata(path).get("run_name")

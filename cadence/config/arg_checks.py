@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 __all__ = [
     "Check", "at_least", "greater_than", "in_interval", "each", "arg_checks",
     "declare_arg_checks", "declared_checks", "check_arg_values", "probe", "PROBED_KINDS",
+    "Relation", "arg_relation",
 ]
 
 T = TypeVar("T")
@@ -126,14 +127,54 @@ def declared_checks(target: Any) -> dict[str, Check]:
     return found
 
 
+#: A check of several arguments together: given every argument's value (the defaults
+#: filled in), ``None`` or ``(argument to blame, message)``.
+Relation = Callable[[Mapping[str, Any]], Optional[tuple[str, str]]]
+
+_RELATIONS: dict[Any, list[Relation]] = {}
+
+
+def arg_relation(relation: Relation) -> Callable[[T], T]:
+    """Decorator: declare a check across ``target``'s arguments (``n_head`` divides
+    ``n_embd``), run after the per-argument checks passed; returns the target unchanged."""
+
+    def decorate(target: T) -> T:
+        _RELATIONS.setdefault(target, []).append(relation)
+        return target
+
+    return decorate
+
+
+def _with_defaults(target: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return dict(kwargs)
+    values = {name: p.default for name, p in signature.parameters.items()
+              if p.default is not inspect.Parameter.empty}
+    values.update(kwargs)
+    return values
+
+
 def check_arg_values(target: Any, kwargs: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The declared checks of ``target`` that ``kwargs`` fails, as ``(argument, message)``."""
+    """The declared checks of ``target`` that ``kwargs`` fails, as ``(argument, message)``:
+    each argument's own checks, then (when those pass) the relations between arguments."""
     problems = []
     for name, check in declared_checks(target).items():
         if name in kwargs and kwargs[name] is not None:
             message = check.problem(kwargs[name])
             if message is not None:
                 problems.append((name, message))
+    if problems:
+        return problems
+    values = _with_defaults(target, kwargs)
+    for relation in _RELATIONS.get(target, ()):
+        try:
+            found = relation(values)
+        except (TypeError, ValueError, ZeroDivisionError):
+            continue  # values of the wrong type are the type check's to report
+        if found is not None:
+            problems.append(found)
     return problems
 
 

@@ -109,6 +109,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         optimizers=optimizer,
         schedulers=scheduler,
         device_train_microbatch_size=cfg.device_train_microbatch_size,
+        accumulate_train_batch_on_tokens=cfg.accumulate_train_batch_on_tokens,
         precision=Precision(cfg.precision).value,
         seed=cfg.seed,
         algorithms=algorithms,
@@ -131,11 +132,16 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         save_latest_filename=cfg.save_latest_filename,
         save_state_dict_type=cfg.save_state_dict_type,
         save_async=cfg.save_async,
+        save_allow_nonfinite=cfg.save_allow_nonfinite,
         load_path=cfg.load_path,
         load_weights_only=cfg.load_weights_only,
         load_strict_model_weights=cfg.load_strict_model_weights,
         load_ignore_keys=list(cfg.load_ignore_keys),
         autoresume=cfg.autoresume,
+        require_checksums=cfg.require_checksums,
+        preemption_signals=list(cfg.preemption_signals),
+        preemption_timeout=cfg.preemption_timeout,
+        requeue=cfg.requeue,
     )
 
 
@@ -154,8 +160,20 @@ def _build_model(cfg: TrainConfig, parallelism: ParallelismConfig) -> Any:
     """The model; on the meta device on ranks other than 0 when FSDP's
     ``cpu_ram_efficient_loading`` is set (rank 0 reads the weights and broadcasts them after
     sharding). A builder that takes ``init_device`` is given ``init_device="meta"``; any
-    other is called under ``torch.device("meta")``."""
+    other is called under ``torch.device("meta")``.
+
+    Without ``cpu_ram_efficient_loading``, when fsdp or tp shards the model, a builder that
+    streams pretrained weights per shard (``streams_pretrained_weights``: ``hf_pretrained``)
+    and whose ``init_device`` the run file leaves unset gets ``init_device="meta"`` on every
+    rank: each rank reads only its shards' slices after sharding (a run file that sets
+    ``init_device: null`` loads the whole model on every rank instead)."""
     fsdp = parallelism.fsdp
+    rank0_loading = fsdp is not None and fsdp.cpu_ram_efficient_loading
+    if (not rank0_loading and (fsdp is not None or parallelism.tp_degree > 1)
+            and "init_device" not in cfg.model
+            and getattr(registry.models.get(cfg.model["name"]), "streams_pretrained_weights",
+                        False)):
+        return _build("model", registry.models, cfg.model, init_device="meta")
     if fsdp is None or not fsdp.cpu_ram_efficient_loading or dist.get_global_rank() == 0:
         return _build("model", registry.models, cfg.model)
     import inspect

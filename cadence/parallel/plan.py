@@ -6,7 +6,13 @@
 2. ``torch.compile`` per block or whole (:mod:`.compile`; lazy, traced at the first call);
 3. tensor parallelism on the mesh's ``tp`` dimension (:mod:`.tp`);
 4. FSDP2 on the data-parallel dimensions (:mod:`.fsdp`), or DDP when several ranks and
-   no fsdp; nothing on one rank.
+   no fsdp; nothing on one rank;
+5. weights: a meta model's shards allocated and initialised by its init hook
+   (:mod:`.param_init`), or filled from rank 0's CPU weights (fsdp's
+   ``cpu_ram_efficient_loading``); an unsharded model moved to the device whole.
+
+Nothing whole on the device: the model arrives on the CPU or meta, and TP and FSDP2 put
+each rank's shards on the device one tensor at a time (see :func:`parallelize`).
 
 The settings arrive typed (:class:`ParallelPlan`), parsed once where the run entered (the
 run file in :func:`~cadence.config.load.load_config`, or the Trainer's arguments).
@@ -22,6 +28,7 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from cadence.utils import dist
 from cadence.parallel.activation_checkpointing import (
@@ -31,6 +38,9 @@ from cadence.parallel.compile import CompileConfig, apply_compile
 from cadence.config.parallelism import ParallelismConfig
 from cadence.parallel.fsdp import apply_fsdp
 from cadence.parallel.mesh import build_mesh, data_parallel_mesh
+from cadence.parallel.param_init import (
+    check_init_hook, has_meta_tensors, materialize_and_init, retie_parameters, shared_parameters,
+)
 from cadence.parallel.tp import apply_tp, describe_tp_plan, plan_tensor_parallel
 
 __all__ = ["ParallelPlan", "parallelize"]
@@ -48,6 +58,8 @@ class ParallelPlan:
         device: the run's device.
         precision: the run's precision (FSDP2's mixed precision follows it).
         mesh: a prebuilt mesh; default built from ``parallelism`` when fsdp or tp is set.
+        seed: the seed of a meta model's initialisation after sharding, the same on every
+            rank (the Trainer's ``rank_zero_seed``); None: rank 0 draws one and broadcasts it.
     """
 
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
@@ -55,6 +67,7 @@ class ParallelPlan:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     precision: str = "fp32"
     mesh: Optional[DeviceMesh] = None
+    seed: Optional[int] = None
 
     @property
     def activation_checkpointing(self) -> Optional[ActivationCheckpointingConfig]:
@@ -76,9 +89,22 @@ class ParallelPlan:
 def parallelize(model: nn.Module, plan: ParallelPlan) -> nn.Module:
     """Apply ``plan`` to ``model``: activation checkpointing, compile, TP, then FSDP2 or DDP.
 
+    Nothing whole on the device: the model arrives on the CPU or the meta device and no
+    unsharded module is moved to ``plan.device``. Tensor parallelism and ``fully_shard``
+    place each rank's shards on the mesh's device as they go (one tensor at a time; FSDP2
+    moves a unit's parameters to the device and shards them, torchtitan's and FSDP2's
+    documented path); only when nothing shards the model (one process, DDP) is the whole
+    model moved, and then it must fit. A model on the meta device is sharded on meta, then
+    each rank's shards are allocated and initialised by the model's init hook
+    (:func:`~cadence.parallel.param_init.materialize_and_init`), or, with fsdp's
+    ``cpu_ram_efficient_loading``, filled from rank 0's weights, which rank 0 holds on the
+    CPU only.
+
     Args:
-        model: the user's (unwrapped) model; on ``plan.device``, or on ``meta`` on ranks
-            other than 0 when fsdp's ``cpu_ram_efficient_loading`` is set.
+        model: the user's (unwrapped) model, on the CPU (or already on ``plan.device``), or
+            on ``meta``: on every rank (initialised after sharding by its ``init_weights()``
+            or ``param_init_fn(module)``), or on ranks other than 0 when fsdp's
+            ``cpu_ram_efficient_loading`` is set.
         plan: the typed settings.
 
     Returns:
@@ -87,20 +113,22 @@ def parallelize(model: nn.Module, plan: ParallelPlan) -> nn.Module:
     Raises:
         ValueError: a TP plan that does not fit the model, or degrees that do not fit the
             world size (raised before anything is sharded, on every rank alike); a
-            meta-device model without ``cpu_ram_efficient_loading``.
+            meta-device model without an init hook; a model on the meta device on some
+            ranks only without ``cpu_ram_efficient_loading``.
     """
     config = plan.parallelism
     fsdp, tp_degree = config.fsdp, config.tp_degree
     tp_plan = (plan_tensor_parallel(model, tp_degree, config.tp.layer_plan)
                if config.tp is not None and tp_degree > 1 else None)  # checked before sharding
-    _check_meta(model, fsdp is not None and fsdp.cpu_ram_efficient_loading)
     mesh = plan.mesh
     if mesh is None and (fsdp is not None or tp_plan is not None):
         _ensure_process_group(plan.device)
         mesh = build_mesh(config, plan.device.type)
+    source = _weights_source(model, fsdp is not None and fsdp.cpu_ram_efficient_loading)
     if plan.verbose and mesh is not None and dist.get_global_rank() == 0:
         print(f"Parallelism: mesh {tuple(mesh.shape)} {mesh.mesh_dim_names} on "
               f"{dist.get_world_size()} ranks", flush=True)
+    rank0_state = _to_meta_keeping_rank0_state(model) if source == "rank0" else None
 
     apply_ac(model, plan.activation_checkpointing)
     apply_compile(model, plan.compile)
@@ -111,25 +139,79 @@ def parallelize(model: nn.Module, plan: ParallelPlan) -> nn.Module:
         apply_tp(model, tp_plan, mesh["tp"])
     if fsdp is not None:
         assert mesh is not None
-        _shard(model, plan, data_parallel_mesh(mesh))
-    elif dist.get_world_size() > tp_degree:
+        if fsdp.sync_module_states and source == "model":
+            _broadcast_module_states(model, plan.device)
+        apply_fsdp(model, fsdp, data_parallel_mesh(mesh), precision=plan.precision,
+                   device=plan.device)
+    if source == "rank0":
+        _load_from_rank0(model, rank0_state, plan.device)
+    elif source == "init":
+        materialize_and_init(model, plan.device, plan.seed)
+    elif mesh is not None:
+        _move_unsharded_tensors(model, plan.device)  # TP's buffers (FSDP2 moved its own)
+    else:
+        model.to(plan.device)  # nothing shards the model: it is whole on the device
+    if fsdp is None and dist.get_world_size() > tp_degree:
         device_ids = [plan.device.index] if plan.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     return model
 
 
-def _shard(model: nn.Module, plan: ParallelPlan, dp_mesh: DeviceMesh) -> None:
-    """FSDP2 over ``dp_mesh``, with fsdp's rank-0 loading options."""
-    fsdp = plan.parallelism.fsdp
-    assert fsdp is not None
-    if fsdp.sync_module_states and not fsdp.cpu_ram_efficient_loading:
-        _broadcast_module_states(model)
-    full_state = None
-    if fsdp.cpu_ram_efficient_loading and dist.get_global_rank() == 0:
-        full_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    apply_fsdp(model, fsdp, dp_mesh, precision=plan.precision, device=plan.device)
-    if fsdp.cpu_ram_efficient_loading:
-        _load_from_rank0(model, full_state, plan.device)
+def _weights_source(model: nn.Module, rank0_loading: bool) -> str:
+    """Where the weights come from, decided alike on every rank (before any sharding):
+    ``"model"`` (every rank holds real weights), ``"init"`` (meta on every rank: the init
+    hook after sharding) or ``"rank0"`` (rank 0's weights broadcast: fsdp's
+    ``cpu_ram_efficient_loading`` with rank 0 not on meta).
+
+    Raises:
+        ValueError: a meta model without an init hook, or a model on the meta device on
+            some ranks only without ``cpu_ram_efficient_loading`` (on every rank alike).
+    """
+    flags = [has_meta_tensors(model)]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        flags = [bool(f) for f in dist.all_gather_object(flags[0])]
+    if rank0_loading and not flags[0]:
+        return "rank0"
+    if not any(flags):
+        return "model"
+    if not all(flags):
+        raise ValueError(
+            f"The model has parameters on the meta device on ranks "
+            f"{[r for r, f in enumerate(flags) if f]} only. Build it on the meta device on "
+            f"every rank (it is initialised after sharding by its init_weights() or "
+            f"param_init_fn), or set parallelism_config.fsdp.cpu_ram_efficient_loading: true "
+            f"so rank 0's weights are broadcast into the other ranks' shards.")
+    check_init_hook(model)
+    return "init"
+
+
+def _to_meta_keeping_rank0_state(
+        model: nn.Module) -> Optional[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
+    """Move ``model`` to the meta device (every rank), returning rank 0's weights: its
+    state dict and every buffer (persistent or not), on the CPU (where rank 0 built them;
+    nothing is copied when they are there), or None on the other ranks."""
+    state = None
+    if dist.get_global_rank() == 0:
+        state = ({k: v.detach().cpu() for k, v in model.state_dict().items()},
+                 {k: b.detach().cpu() for k, b in model.named_buffers()})
+    ties = shared_parameters(model)
+    model.to("meta")
+    retie_parameters(ties)
+    return state
+
+
+def _move_unsharded_tensors(model: nn.Module, device: torch.device) -> None:
+    """Move the parameters and buffers that no sharding placed (plain tensors; TP leaves
+    buffers where they were) to ``device``, one tensor at a time."""
+    with torch.no_grad():
+        for module in model.modules():
+            for name, buffer in module._buffers.items():
+                if buffer is not None and not buffer.is_meta and buffer.device != device:
+                    module._buffers[name] = buffer.to(device)
+            for param in module._parameters.values():
+                if param is not None and not isinstance(param, DTensor) \
+                        and not param.is_meta and param.device != device:
+                    param.data = param.data.to(device)
 
 
 def _ensure_process_group(device: torch.device) -> None:
@@ -140,37 +222,40 @@ def _ensure_process_group(device: torch.device) -> None:
         dist.destroy_process_group_at_exit()
 
 
-def _has_meta(model: nn.Module) -> bool:
-    return any(t.is_meta for t in [*model.parameters(), *model.buffers()])
-
-
-def _check_meta(model: nn.Module, rank0_loading: bool) -> None:
-    if _has_meta(model) and not rank0_loading:
-        raise ValueError("The model has parameters on the meta device; set "
-                         "parallelism_config.fsdp.cpu_ram_efficient_loading: true so rank 0's "
-                         "weights are broadcast into it.")
-
-
-def _broadcast_module_states(model: nn.Module) -> None:
-    """Copy rank 0's parameters and buffers to every rank (``sync_module_states``)."""
+def _broadcast_module_states(model: nn.Module, device: torch.device) -> None:
+    """Copy rank 0's parameters and buffers to every rank (``sync_module_states``), one
+    tensor at a time through ``device`` (a CPU model under NCCL is staged there)."""
     from cadence.utils.dtensor import local_tensor
 
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
             local = local_tensor(tensor.data)
-            dist.broadcast(local, src=0)
+            staged = local.to(device)
+            dist.broadcast(staged, src=0)
+            if staged is not local:
+                local.copy_(staged)
 
 
-def _load_from_rank0(model: nn.Module, full_state: Optional[dict[str, torch.Tensor]],
-                     device: torch.device) -> None:
-    """Materialise meta shards and fill them from rank 0's full state dict (broadcast), then
-    copy every buffer (persistent or not) from rank 0."""
+def _load_from_rank0(
+        model: nn.Module,
+        rank0_state: Optional[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]],
+        device: torch.device) -> None:
+    """Allocate each rank's shards on ``device`` and fill them from rank 0's CPU state dict
+    (broadcast one tensor at a time, each rank keeping its slice:
+    ``set_model_state_dict(broadcast_from_rank0=True)``), then copy every buffer
+    (persistent or not) from rank 0."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    if _has_meta(model):
-        model.to_empty(device=device)
+    ties = shared_parameters(model)
+    model.to_empty(device=device)
+    retie_parameters(ties)
+    full_state, buffers = rank0_state if rank0_state is not None else ({}, {})
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name in buffers:
+                buffer.copy_(buffers[name])
     set_model_state_dict(
-        model, full_state if full_state is not None else {},
+        model, full_state,
         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True),
     )
     with torch.no_grad():

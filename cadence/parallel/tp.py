@@ -459,6 +459,11 @@ def apply_tp(model: nn.Module, plan: TPPlan, tp_mesh: DeviceMesh) -> nn.Module:
     """Shard ``model`` in place as ``plan`` says, on the 1-D ``tp_mesh``; then replicate
     every parameter not yet a DTensor (:class:`ReplicateParallel`) and fix head counts.
 
+    ``model`` may be on the CPU or ``meta``: each parameter is moved to the mesh's device
+    one at a time as it is distributed (``distribute_tensor`` / ``DTensor.from_local``),
+    so the whole model is never on the device; meta parameters stay meta. Buffers are left
+    where they are (the plan moves them).
+
     Returns:
         ``model``, its parameters DTensors on ``tp_mesh``.
     """

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 from cadence._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from cadence.trainer.preemption import Preempted
     from cadence.trainer.trainer import Trainer
 
-__all__ = ["Trainer"]
+__all__ = ["Trainer", "Preempted"]
 
-__getattr__, __dir__ = lazy_exports(__name__, {"Trainer": "cadence.trainer.trainer"})
+__getattr__, __dir__ = lazy_exports(__name__, {"Trainer": "cadence.trainer.trainer",
+                                               "Preempted": "cadence.trainer.preemption"})

@@ -120,7 +120,9 @@ def alloc_retries(device: torch.device) -> int:
 
 
 def release_after_oom(model: torch.nn.Module, optimizers: list[Any], device: torch.device) -> None:
-    """Free what a failed attempt held: gradients, FSDP2's gathered parameters, the cache."""
+    """Free what a failed attempt held: gradients (with ``fsdp.sync_gradients:
+    last_microbatch`` also FSDP2's unsharded ones, which the retry must not add to), FSDP2's
+    gathered parameters, the cache."""
     from torch.distributed.fsdp import FSDPModule
 
     for optimizer in optimizers:
@@ -128,6 +130,13 @@ def release_after_oom(model: torch.nn.Module, optimizers: list[Any], device: tor
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
+            # FSDP2 internals, read defensively
+            group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+            for fsdp_param in getattr(group, "fsdp_params", ()):
+                fsdp_param.unsharded_accumulated_grad = None
+                unsharded = getattr(fsdp_param, "_unsharded_param", None)
+                if unsharded is not None:
+                    unsharded.grad = None
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -20,7 +20,6 @@ from typing import Any, Iterable, Optional, Union
 from cadence.core import Evaluator, State, Time, TimeUnit, Timestamp
 from cadence.core.precision import Precision
 from cadence.optim.optimizers import compile_scheduler
-from cadence.parallel.data import check_distributed_sampler
 from cadence.trainer.eval_schedule import parse_eval_interval
 from cadence.trainer.trainer_options import (
     as_evaluators, as_list, dataloader_len, scale_duration, steps_schedulers_every_batch,
@@ -134,7 +133,6 @@ def fit_changes(
         ValueError: ``duration`` in ``dur``; no ``max_duration`` after all; bad values
             (the message names the argument).
     """
-    check_distributed_sampler(train_dataloader, "train_dataloader")
     length: Optional[int] = None
     set_length = train_dataloader is not None or train_subset_num_batches != -1
     if set_length:

@@ -4,7 +4,6 @@ named steps. The order of events is documented on :class:`~cadence.Event`.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import logging
 import time
@@ -16,11 +15,12 @@ from cadence.utils.device import get_device
 from cadence.models.base import ComposerModel
 from cadence.utils import dist
 from cadence.trainer.auto_microbatch import forward_backward_auto, parse_microbatch_size
-from cadence.checkpoint import load_checkpoint
+from cadence.trainer.grad_sync import GradientSync
+from cadence.trainer.loss_weighting import LossWeighting, mean_over_ranks
 from cadence.checkpoint.data_position import iter_epoch
 from cadence.checkpoint.lock import release_on_error
-from cadence.checkpoint.remote import check_url, fetched
-from cadence.checkpoint.resume import resolve_load_path
+from cadence.checkpoint.remote import check_url
+from cadence.checkpoint.resume import load_at_start
 from cadence.checkpoint.run_folder import RunFolder, check_autoresume_folder
 from cadence.core import (
     Algorithm, Callback, Engine, Evaluator, Event, State, Time, TimeLike, Timestamp, TimeUnit,
@@ -46,6 +46,8 @@ from cadence.parallel.data import (
 from cadence.parallel.mesh import data_parallel_group
 from cadence.core.precision import Precision, get_precision_context
 from cadence.trainer.predict import predict_loop
+from cadence.trainer.preemption import DEFAULT_SIGNALS, Preemption
+from cadence.utils.precision import check_precision
 from cadence.utils.reproducibility import seed_all
 
 __all__ = ["Trainer"]
@@ -70,11 +72,17 @@ class Trainer:
             ``LRScheduler`` s, stepped once per batch.
         device_train_microbatch_size: samples per forward/backward; the batch's gradients
             are accumulated over microbatches and equal the full-batch gradient (each
-            microbatch loss is weighted by its share of the batch's samples). ``None``: the
-            whole batch at once. ``'auto'``: start with the whole batch and halve it (on
-            every rank together) when a batch runs out of memory or, on CUDA, makes the
-            allocator retry (see :mod:`cadence.trainer.auto_microbatch`).
-        precision: ``fp32`` (default), ``amp_bf16`` or ``amp_fp16``.
+            microbatch loss is weighted by its share of the batch's samples, or tokens with
+            ``accumulate_train_batch_on_tokens``). ``None``: the whole batch at once.
+            ``'auto'``: the whole batch, halved (on every rank together) when a batch runs
+            out of memory or, on CUDA, makes the allocator retry (:mod:`.auto_microbatch`).
+        accumulate_train_batch_on_tokens: weight each microbatch's loss by its share of the
+            global batch's loss tokens (labels not ``-100``, from the model's
+            ``num_loss_tokens``), counted over microbatches and data-parallel ranks, so the
+            step is the batch's mean per-token loss (Composer's; default False: samples;
+            :mod:`cadence.trainer.loss_weighting`).
+        precision: ``fp32`` (default), ``amp_bf16`` or ``amp_fp16``; ``amp_bf16`` is refused
+            on a GPU without native bf16 (:func:`~cadence.utils.precision.check_precision`).
         seed: seeds ``random``, NumPy and torch with ``seed + global rank``; default: a random
             seed, kept in ``state.rank_zero_seed`` and logged.
         algorithms: :class:`~cadence.Algorithm` s, run in this order (reversed on ``AFTER_*``).
@@ -118,15 +126,19 @@ class Trainer:
         save_async: write checkpoints in a background thread; the loop waits only while the
             state is copied to CPU memory (see ``CheckpointSaver``'s ``save_async``). Default
             False.
+        save_allow_nonfinite: save states with NaN/inf loss or weights as ordinary checkpoints
+            (default False: written aside as ``*.nonfinite``, the run stops naming the batch).
         load_path: a checkpoint to start from (a ``.pt`` file or a sharded directory, or
             its URL: ``s3://bucket/runs/x/ep1-ba8``).
         load_weights_only: take only the model's weights from ``load_path``.
-        load_strict_model_weights: the model's keys must match the checkpoint's.
+        load_strict_model_weights: the model's keys must match the checkpoint's (else an
+            error before training); shapes must match either way.
         load_ignore_keys: glob patterns of what not to load (e.g. ``model/model.score.*``,
             ``optimizers``, ``rng``); see :func:`~cadence.checkpoint.load_checkpoint`.
         autoresume: continue from the newest complete checkpoint of this ``run_name`` in
             ``save_folder`` (bit-exact on the same world size), else start fresh (or from
             ``load_path``). Needs ``save_folder`` and an explicit ``run_name``.
+        require_checksums: refuse a checkpoint without checksums (default True).
         train_dataloader_label, train_subset_num_batches, scale_schedule_ratio,
         step_schedulers_every_batch, log_to_console, console_stream, console_log_interval,
         auto_log_hparams, profiler: Composer's (see :mod:`cadence.trainer.trainer_options`):
@@ -139,6 +151,10 @@ class Trainer:
             ``'gpu'`` and a :class:`~cadence.devices.Device`; ``eval_interval`` also takes a
             callable ``(state, event) -> bool``; ``run_name`` defaults to
             ``$CADENCE_RUN_NAME``, ``$COMPOSER_RUN_NAME`` or ``$RUN_NAME``.
+        preemption_signals, preemption_timeout, requeue: on one of these signals (default
+            ``SIGTERM``, ``SIGUSR1``; ``()``: off) ``fit`` checkpoints at the next batch, closes
+            the Trainer and raises ``Preempted``, all within ``preemption_timeout`` seconds;
+            ``requeue``: ``scontrol requeue`` under SLURM (:mod:`cadence.trainer.preemption`).
 
     Raises:
         ValueError / TypeError: for bad arguments, naming the argument and the fix, before any
@@ -160,6 +176,7 @@ class Trainer:
         optimizers: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer], None] = None,
         schedulers: Any = None,
         device_train_microbatch_size: Union[int, str, None] = None,
+        accumulate_train_batch_on_tokens: bool = False,
         precision: Union[str, Precision] = "fp32",
         seed: Optional[int] = None,
         algorithms: Union[Algorithm, Sequence[Algorithm]] = (),
@@ -183,11 +200,13 @@ class Trainer:
         save_latest_filename: str = "latest-{run_name}",
         save_state_dict_type: Optional[str] = None,
         save_async: bool = False,
+        save_allow_nonfinite: bool = False,
         load_path: Optional[str] = None,
         load_weights_only: bool = False,
         load_strict_model_weights: bool = True,
         load_ignore_keys: Sequence[str] = (),
         autoresume: bool = False,
+        require_checksums: bool = True,
         train_dataloader_label: str = "train",
         train_subset_num_batches: int = -1,
         scale_schedule_ratio: float = 1.0,
@@ -197,6 +216,8 @@ class Trainer:
         console_log_interval: Optional[TimeLike] = None,
         auto_log_hparams: bool = False,
         profiler: Any = None,
+        preemption_signals: Any = DEFAULT_SIGNALS, preemption_timeout: float = 90.0,
+        requeue: bool = False,
     ) -> None:
         init_args = dict(locals()) if auto_log_hparams else {}
         self._check_model(model)
@@ -210,15 +231,18 @@ class Trainer:
         self.step_schedulers_every_batch = options.steps_schedulers_every_batch(
             as_list(schedulers), step_schedulers_every_batch)
         self.log_interval = Time.from_input(log_interval, TimeUnit.BATCH)
-        self.eval_subset_num_batches = int(eval_subset_num_batches)
+        self.eval_subset_num_batches = int(options.checked_eval_subset(eval_subset_num_batches))
         self.parallelism_config = parse_parallelism_config(parallelism_config)
         self.compile_config = parse_compile_config(compile_config, prefix="compile_config")
         device_obj = get_device(device).torch_device  # 'cpu', 'gpu', 'cuda:1', a Device
+        check_precision(precision, device_obj)  # amp_bf16 where bf16 is native only
+        self._on_tokens = bool(accumulate_train_batch_on_tokens)
+        self._preemption = Preemption(preemption_signals, preemption_timeout, requeue)
         dist.initialize_dist(device_obj, timeout=dist_timeout)
-        check_distributed_sampler(train_dataloader, "train_dataloader")
         # data-parallel ranks load (and seed) apart; the ranks of one tensor-parallel group alike
         self._dp_size = data_parallel_size(self.parallelism_config)
         self._dp_rank = data_parallel_rank(self.parallelism_config)
+        check_distributed_sampler(train_dataloader, "train_dataloader", self._dp_size)
         align_sampler_with_data_parallel(train_dataloader, "train_dataloader", self._dp_size,
                                          self._dp_rank)
         if autoresume and (save_folder is None
@@ -241,7 +265,7 @@ class Trainer:
             run_name=run_name,
             save_folder=None if self._run_folder is None else str(self._run_folder.local),
             device=device_obj,
-            max_duration=options.scale_duration(self._parse_duration(max_duration),
+            max_duration=options.scale_duration(options.parse_duration(max_duration),
                                                 scale_schedule_ratio),
             precision=Precision.parse(precision).value,
             device_train_microbatch_size=device_train_microbatch_size,
@@ -263,11 +287,11 @@ class Trainer:
         self.hyperparameters = {**options.extract_hparams(init_args), **(hyperparameters or {})}
         self.hyperparameters.setdefault("rank_zero_seed", rank_zero_seed)
         self._add_checkpoint_saver(
-            save_interval=save_interval, filename=save_filename,
+            save_interval=options.checked_save_interval(save_interval), filename=save_filename,
             latest_filename=save_latest_filename,
             num_checkpoints_to_keep=save_num_checkpoints_to_keep, overwrite=save_overwrite,
             weights_only=save_weights_only, state_dict_type=save_state_dict_type,
-            autoresume=autoresume, save_async=save_async)
+            autoresume=autoresume, save_async=save_async, allow_nonfinite=save_allow_nonfinite)
         self.logger = Logger(self.state, destinations)
         if isinstance(model, ComposerModel):
             model.logger = self.logger  # Composer's ComposerModel.logger
@@ -275,24 +299,20 @@ class Trainer:
 
         self.engine.run_event(Event.INIT)
         self._parallelize(as_list(optimizers))
+        self._weighting = LossWeighting(self._module, self._on_tokens, self._dp_size,
+                                        self._metric_group)  # the data-parallel group
+        self._grad_sync = GradientSync(self.state.model, self.parallelism_config.fsdp)
         self._build_optimizers(as_list(optimizers), as_list(schedulers))
         self._build_metrics()
         self.engine.run_event(Event.BEFORE_LOAD)
-        path, resuming = resolve_load_path(
-            autoresume, self._run_folder,
-            save_latest_filename.format(run_name=self.state.run_name), load_path,
-            run_name=self.state.run_name)
-        if path is not None:
-            with fetched(path) as local:  # a remote checkpoint: downloaded, then removed
-                if not (load_weights_only and not resuming):  # refused before anything loads
-                    check_resume_layout(local, self.state, self.parallelism_config,
-                                        load_ignore_keys)
-                load_checkpoint(self.state, local, weights_only=load_weights_only and not resuming,
-                                strict=load_strict_model_weights, ignore_keys=load_ignore_keys)
-            log.info("%s checkpoint %s at %s", "Resumed from" if resuming else "Loaded",
-                     path, self.state.timestamp)
-            # which checkpoint this run started from, in every logger destination too
-            self.hyperparameters["loaded_checkpoint"] = str(path)
+        loaded = load_at_start(  # autoresume or load_path; a remote one downloaded, then removed
+            self.state, self._run_folder, save_latest_filename.format(run_name=run_name),
+            load_path, autoresume, weights_only=load_weights_only,
+            strict=load_strict_model_weights, ignore_keys=load_ignore_keys,
+            require_checksums=require_checksums, check_layout=lambda local: check_resume_layout(
+                local, self.state, self.parallelism_config, load_ignore_keys))
+        if loaded is not None:  # which checkpoint this run started from, in every destination
+            self.hyperparameters["loaded_checkpoint"] = loaded
         self.engine.run_event(Event.AFTER_LOAD)
         self.logger.log_hyperparameters(self.hyperparameters)
 
@@ -309,7 +329,7 @@ class Trainer:
         fmt = state_dict_type or (fsdp.state_dict_type if fsdp is not None else "full")
         saver = CheckpointSaver(folder=self._run_folder, save_interval=save_interval,
                                 state_dict_type=fmt, metadata=self._checkpoint_metadata(),
-                                **kwargs)
+                                autoresume=autoresume, **kwargs)
         if not (autoresume or kwargs["overwrite"]):
             existing = self._run_folder.newest_checkpoint(
                 saver.latest_filename.format(run_name=state.run_name), state.run_name)
@@ -331,16 +351,15 @@ class Trainer:
                 **huggingface_metadata(self.state.model)}
 
     def _parallelize(self, optimizers: list[torch.optim.Optimizer]) -> None:
-        """Move the model to the device and apply the parallelize plan once (activation
-        checkpointing, compile, TP, FSDP2 / DDP; :mod:`cadence.parallel.plan`). A
-        user's optimizer is pointed at the parameters TP and FSDP2 create anew."""
+        """Apply the parallelize plan once (activation checkpointing, compile, TP, FSDP2 /
+        DDP; :mod:`cadence.parallel.plan`), which also puts the model on the device: only
+        its shards when sharded (a meta model initialised after sharding, seeded by
+        ``rank_zero_seed``). A user's optimizer is pointed at the parameters it creates."""
         state = self.state
         module = state.model
-        if not any(t.is_meta for t in module.parameters()):
-            module.to(state.device)
         names = {id(p): n for n, p in module.named_parameters()}
         plan = ParallelPlan(self.parallelism_config, self.compile_config, state.device,
-                            state.precision)
+                            state.precision, seed=state.rank_zero_seed)
         state.model = parallelize(module, plan)
         self._module = unwrap_model(state.model)
         # metrics sum over the data-parallel ranks (a TP group shares its samples)
@@ -364,16 +383,6 @@ class Trainer:
                     f"model must be a ComposerModel (with forward(batch) and loss(outputs, "
                     f"batch)); {type(model).__name__} has no {method}()."
                 )
-
-    @staticmethod
-    def _parse_duration(max_duration: Optional[TimeLike]) -> Optional[Time]:
-        if max_duration is None:
-            return None
-        duration = Time.from_input(max_duration, TimeUnit.EPOCH)
-        if duration.unit in (TimeUnit.DURATION, TimeUnit.ITERATION):
-            raise ValueError(f"max_duration cannot be in '{duration.unit.value}' ({duration}); use "
-                             f"ep, ba, sp, tok or sec.")
-        return duration
 
     def _wall_clock_lap(self) -> datetime.timedelta:
         """Wall clock since the last batch (or epoch end, or ``fit`` start), for the timestamp's
@@ -452,13 +461,16 @@ class Trainer:
         state.stop_training = False
         self._last_wall_clock = time.perf_counter()  # timestamp.total_wct counts from here
         self.engine.run_event(Event.FIT_START)
-        while not self._training_done():
-            self._train_epoch()
+        with self._preemption.watch(state):  # a signal: checkpoint, close, raise Preempted
+            while not self._training_done():
+                self._train_epoch()
         self.engine.run_event(Event.FIT_END)
 
     def _apply_fit(self, changes: FitChanges) -> None:
         """Make what ``fit()``'s arguments change: the state's, then the Trainer's own."""
-        if changes.train_dataloader is not None:
+        check_precision(changes.precision or "fp32", self.state.device)
+        if changes.train_dataloader is not None:  # the sampler counts data-parallel ranks
+            check_distributed_sampler(changes.train_dataloader, "train_dataloader", self._dp_size)
             align_sampler_with_data_parallel(changes.train_dataloader, "train_dataloader",
                                              self._dp_size, self._dp_rank)
             self.train_dataloader_label = changes.train_dataloader_label
@@ -530,6 +542,8 @@ class Trainer:
             self.engine.run_event(Event.BATCH_END)
             self._eval_all(Event.BATCH_END)
             self.engine.run_event(Event.BATCH_CHECKPOINT)
+            if self._preemption.requested():  # one all-reduce per batch with several ranks
+                self._preemption.stop(self.state, self.logger, self.close)
             if self._training_done() and not self._epoch_exhausted():
                 break
         else:
@@ -577,6 +591,7 @@ class Trainer:
         engine.run_event(Event.BEFORE_TRAIN_BATCH)
         if not state.model.training:  # train() walks every submodule (~0.5 ms for GPT-2 124M)
             state.model.train()
+        self._weighting.begin_batch(batch, batch_size, state.device)  # tokens: one all-reduce
         total_loss = self._forward_backward(batch, batch_size)
         num_tokens = self._batch_tokens
         state.batch, state.total_loss = batch, total_loss
@@ -599,10 +614,12 @@ class Trainer:
         at half the microbatch size when any rank runs out of memory (:mod:`.auto_microbatch`)."""
         if self._auto_microbatch:
             return forward_backward_auto(self.state, batch_size,
-                                         lambda size: self._accumulate(batch, batch_size, size))
-        return self._accumulate(batch, batch_size, self.state.device_train_microbatch_size)
+                                         lambda size: self._accumulate(batch, size))
+        return self._accumulate(batch, self.state.device_train_microbatch_size)
 
-    def _accumulate(self, batch: Any, batch_size: int, size: Optional[int]) -> torch.Tensor:
+    def _accumulate(self, batch: Any, size: Optional[int]) -> torch.Tensor:
+        """Gradients of ``batch`` in microbatches of ``size``, each loss weighted
+        (:mod:`.loss_weighting`) and reduced (:mod:`.grad_sync`); returns the batch's loss."""
         state = self.state
         microbatches = split_batch(batch, size) if size else [batch]
         for optimizer in state.optimizers:
@@ -611,34 +628,24 @@ class Trainer:
             metric.reset()
         total_loss: Optional[torch.Tensor] = None  # no zeros() + add_ kernels per step
         for index, microbatch in enumerate(microbatches):
-            with self._maybe_no_sync(last=index == len(microbatches) - 1):
-                share = num_samples(microbatch) / batch_size
-                loss = self._train_microbatch(microbatch, share).float()  # no-op for fp32
+            with self._grad_sync.microbatch(last=index == len(microbatches) - 1):
+                loss = self._train_microbatch(microbatch).float()  # no-op for fp32
                 total_loss = loss if total_loss is None else total_loss + loss
         assert total_loss is not None  # split_batch yields at least one microbatch
         return total_loss
 
-    def _maybe_no_sync(self, last: bool) -> Any:
-        """DDP's ``no_sync`` for every microbatch but the last: gradients are all-reduced once
-        per batch. (FSDP2 reduce-scatters per microbatch, keeping gradients sharded.)"""
-        model = self.state.model
-        if not last and isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            return model.no_sync()
-        return contextlib.nullcontext()
-
-    def _train_microbatch(self, microbatch: Any, share: float) -> torch.Tensor:
-        """Forward, loss (scaled by the microbatch's ``share`` of the batch) and backward."""
+    def _train_microbatch(self, microbatch: Any) -> torch.Tensor:
+        """Forward, loss (weighted by the microbatch's share of the batch) and backward."""
         state, engine = self.state, self.engine
-        state.batch = microbatch
+        state.batch = self._weighting.prepare(microbatch)  # + num_items_in_batch, if taken
         engine.run_event(Event.BEFORE_FORWARD)
         with get_precision_context(Precision(state.precision), state.device):
             state.outputs = state.model(state.batch)
         engine.run_event(Event.AFTER_FORWARD)
         engine.run_event(Event.BEFORE_LOSS)
         with get_precision_context(Precision(state.precision), state.device):
-            loss = self._module.loss(state.outputs, state.batch)
-            # a whole batch (share 1.0) needs no scaling: no extra multiply or autograd node
-            state.loss = loss if share == 1.0 else loss * share
+            state.loss = self._weighting.weigh(self._module.loss(state.outputs, state.batch),
+                                               state.batch)
         engine.run_event(Event.AFTER_LOSS)
         if state.train_metrics:
             with torch.no_grad():
@@ -666,12 +673,8 @@ class Trainer:
 
     def _log_train_metrics(self) -> None:
         state = self.state
-        loss = state.total_loss
-        if loss is not None and dist.get_world_size() > 1:  # every rank logs at the same steps
-            loss = loss.clone()
-            dist.all_reduce(loss, "sum")
-            loss /= dist.get_world_size()
-        metrics: dict[str, Any] = {"loss/train/total": loss}
+        # the batch's mean loss (per token with accumulate_train_batch_on_tokens)
+        metrics: dict[str, Any] = {"loss/train/total": mean_over_ranks(state.total_loss)}
         for name, metric in state.train_metrics.items():
             metrics[f"metrics/train/{name}"] = metric.compute()
         self.logger.log_metrics(metrics)
@@ -786,8 +789,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
-        """Close every algorithm, callback and logger destination, and release the save
-        folder's lock (idempotent)."""
+        """Close every algorithm, callback and logger destination, release the save folder's
+        lock, then the process groups cadence created (idempotent; see
+        :func:`cadence.utils.dist.release_process_groups`): call it once the run is over."""
         self.engine.close()
         if self._run_folder is not None:  # a remote folder's logs uploaded, the lock released
             self._run_folder.close()
+        dist.release_process_groups()  # before finalization, where gloo's threads can abort

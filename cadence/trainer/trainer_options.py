@@ -23,24 +23,54 @@ from cadence.core.state import as_list
 __all__ = [
     "EvalDataloader", "RUN_NAME_ENV_VARS", "agree_across_ranks", "as_evaluators", "as_list",
     "console_destinations", "dataloader_len", "extract_hparams", "grad_scaler_for",
-    "profiler_callbacks",
-    "run_name_from_env", "scale_duration", "steps_schedulers_every_batch", "subset_len",
+    "profiler_callbacks", "checked_save_interval", "checked_eval_subset",
+    "run_name_from_env", "parse_duration", "scale_duration", "steps_schedulers_every_batch",
+    "subset_len",
 ]
 
 EvalDataloader = Union[Iterable[Any], Evaluator, Sequence[Evaluator]]
 
 
 def as_evaluators(eval_dataloader: Optional[EvalDataloader]) -> list[Evaluator]:
-    """A dataloader (labelled ``eval``), an Evaluator or a list of Evaluators, as a list."""
+    """A dataloader (labelled ``eval``), an Evaluator or a list of Evaluators, as a list.
+
+    Raises:
+        ValueError: an evaluator's dataloader has no batches, or its ``subset_num_batches``
+            is 0 (its metrics would be NaN on every evaluation): refused at start.
+    """
     if eval_dataloader is None:
         return []
     if isinstance(eval_dataloader, Evaluator):
-        return [eval_dataloader]
-    if isinstance(eval_dataloader, (list, tuple)) and all(
+        evaluators = [eval_dataloader]
+    elif isinstance(eval_dataloader, (list, tuple)) and all(
         isinstance(e, Evaluator) for e in eval_dataloader
     ):
-        return list(eval_dataloader)
-    return [Evaluator(label="eval", dataloader=eval_dataloader)]
+        evaluators = list(eval_dataloader)
+    else:
+        evaluators = [Evaluator(label="eval", dataloader=eval_dataloader)]
+    for evaluator in evaluators:
+        if dataloader_len(evaluator.dataloader) == 0:
+            raise ValueError(f"eval dataloader {evaluator.label!r} has no batches on rank "
+                             f"{dist.get_global_rank()}: its metrics would be NaN. Give it "
+                             f"data (fewer ranks, a smaller device_eval_batch_size, "
+                             f"drop_last=False), or leave eval_dataloader out.")
+        checked_eval_subset(getattr(evaluator, "subset_num_batches", None),
+                            f"Evaluator {evaluator.label!r} subset_num_batches")
+    return evaluators
+
+
+def checked_eval_subset(subset_num_batches: Optional[int],
+                        name: str = "eval_subset_num_batches") -> Optional[int]:
+    """``subset_num_batches`` as given, once known to be -1 (all), ``None`` or positive.
+
+    Raises:
+        ValueError: 0 (nothing would be evaluated: NaN metrics) or below -1.
+    """
+    if subset_num_batches is None or subset_num_batches == -1 or subset_num_batches >= 1:
+        return subset_num_batches
+    raise ValueError(f"{name}={subset_num_batches!r} would evaluate "
+                     f"{'no batches (NaN metrics)' if subset_num_batches == 0 else 'nothing'}; "
+                     f"use -1 (every batch) or a positive number of batches.")
 
 
 def dataloader_len(dataloader: Any) -> Optional[int]:
@@ -111,6 +141,27 @@ def subset_len(length: Optional[int], subset_num_batches: int) -> Optional[int]:
         raise ValueError(f"train_subset_num_batches must be -1 (all) or a positive int, got "
                          f"{subset_num_batches!r}.")
     return subset_num_batches if length is None else min(int(length), subset_num_batches)
+
+
+def checked_save_interval(save_interval: Any) -> Any:
+    """``save_interval`` as given, once it is known not to be negative (a negative interval
+    never fires: only the final checkpoint would be written, silently). ``None`` and
+    callables pass; ``0`` saves only when training ends.
+
+    Raises:
+        ValueError: a negative interval, or one that is not a Time (naming the argument).
+    """
+    if save_interval is None or callable(save_interval):
+        return save_interval
+    try:
+        time = Time.from_input(save_interval, TimeUnit.EPOCH)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"save_interval={save_interval!r} is neither a Time (e.g. '1ep', "
+                         f"'500ba') nor a callable (state, event) -> bool: {exc}") from None
+    if time.value < 0:
+        raise ValueError(f"save_interval={save_interval!r} is negative; use a positive Time such "
+                         f"as '1ep' or '500ba' (save_interval=None turns checkpoints off).")
+    return save_interval
 
 
 def scale_duration(duration: Optional[Time], ratio: float) -> Optional[Time]:
@@ -202,3 +253,18 @@ def profiler_callbacks(profiler: Any) -> list[Any]:
         return [profiler]
     raise TypeError(f"profiler must be a callback (e.g. cadence.callbacks.ProfilerCallback), "
                     f"got {type(profiler).__name__}.")
+
+
+def parse_duration(max_duration: Any) -> Optional[Time]:
+    """``max_duration`` as a :class:`~cadence.Time` (an int means epochs), or None.
+
+    Raises:
+        ValueError: a duration in ``dur`` or ``iter``; names the units allowed.
+    """
+    if max_duration is None:
+        return None
+    duration = Time.from_input(max_duration, TimeUnit.EPOCH)
+    if duration.unit in (TimeUnit.DURATION, TimeUnit.ITERATION):
+        raise ValueError(f"max_duration cannot be in '{duration.unit.value}' ({duration}); use "
+                         f"ep, ba, sp, tok or sec.")
+    return duration

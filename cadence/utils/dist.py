@@ -25,7 +25,7 @@ import torch.distributed as torch_dist
 __all__ = [
     "get_global_rank", "get_world_size", "get_local_rank", "get_local_world_size",
     "get_node_rank", "is_available", "is_initialized", "initialize_dist", "get_dist_timeout",
-    "destroy_process_group_at_exit",
+    "destroy_process_group_at_exit", "release_process_groups",
     "barrier",
     "all_reduce", "broadcast", "broadcast_object_list", "all_gather", "all_gather_object",
     "get_sampler", "run_local_rank_zero_first", "local_rank_zero_download_and_wait",
@@ -128,33 +128,122 @@ def initialize_dist(device: str | torch.device = "cpu", timeout: float = 600.0) 
 
 
 _exit_hook_registered = False
+_owns_default_group = False  # cadence created the default group (not the user)
+
+#: The longest :func:`release_process_groups` waits for the backends' threads to go idle.
+SETTLE_TIMEOUT_S = 2.0
 
 
 def destroy_process_group_at_exit() -> None:
     """Destroy every process group when the interpreter exits normally (an ``atexit`` hook,
-    registered once; cadence calls it for every group it creates).
+    registered once; cadence calls it for every group it creates, which marks the group as
+    cadence's own for :func:`release_process_groups`).
 
     Gloo's worker threads may still be releasing the last collective's tensors when Python
     finalizes; such a thread can no longer take the GIL, and the process aborts
     (``terminate called without an active exception``, SIGABRT) after a run that succeeded,
-    failing its launch (an open PyTorch bug, pytorch/pytorch#190489). Destroying the groups
-    while the interpreter is whole joins those threads, but only once nothing else holds a
-    group: a ``DeviceMesh`` (FSDP2, tensor parallel) keeps it alive until finalization, so
-    ``cadence train`` also ends without finalizing (:func:`cadence.cli.exit_now`).
+    failing its launch (an open PyTorch bug, pytorch/pytorch#190489). Destroying a group
+    does not stop its threads while anything still holds it (the DDP wrapper, a
+    ``DeviceMesh`` and FSDP2's state do), so the hook destroys every group, frees what is
+    no longer referenced (a group nothing holds joins its threads), then lets the remaining
+    threads finish (:func:`release_process_groups`), all before finalization: this covers a
+    user's script, ``python -m`` and a notebook under torchrun as well as ``cadence``'s own
+    entry point (which also ends without finalizing, :func:`cadence.cli.exit_now`).
     After an uncaught exception the hook does nothing: a collective still waiting on a dead
     or hung peer would hold the exit for up to ``dist_timeout``.
     """
-    global _exit_hook_registered
+    global _exit_hook_registered, _owns_default_group
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        _owns_default_group = True
     if not _exit_hook_registered:
         atexit.register(_destroy_at_exit)
         _exit_hook_registered = True
 
 
+def release_process_groups(*, only_own: bool = True, collect: bool = False) -> bool:
+    """End the run's distributed state before the interpreter finalizes: destroy the default
+    process group and every group made from it (a ``DeviceMesh``'s included), then wait (at
+    most :data:`SETTLE_TIMEOUT_S`) until the process's native threads (gloo's workers) have
+    gone idle, with the GIL released so that a worker still releasing the last collective's
+    tensors can finish (see :func:`destroy_process_group_at_exit`).
+
+    ``Trainer.close()`` calls it: a closed Trainer runs no more collectives (``fit()`` twice
+    and ``eval()`` after ``fit()`` happen before ``close()``); a later Trainer in the same
+    process creates the group again. The ``atexit`` hook calls it too, for a script that
+    never closes its Trainer.
+
+    Args:
+        only_own: leave the groups alone unless cadence created the default group (a
+            group the user created stays theirs), and leave a one-rank group (a single
+            process's FSDP2 or tensor-parallel run, which may still read its ``DTensor``
+            weights) to the exit hook.
+        collect: run the garbage collector after destroying, so that groups nothing
+            references any more are freed (their threads joined); the exit hook does.
+
+    Returns:
+        Whether groups were destroyed.
+    """
+    global _owns_default_group
+    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+        return False
+    if only_own and not (_owns_default_group and torch_dist.get_world_size() > 1):
+        return False
+    torch_dist.destroy_process_group()  # None: every group, the default one last
+    _owns_default_group = False
+    if collect:
+        import gc
+
+        gc.collect()
+    _wait_for_native_threads_to_settle(SETTLE_TIMEOUT_S)
+    return True
+
+
+def _native_thread_states() -> Optional[dict[int, str]]:
+    """The scheduler state (``R``, ``S``, ...) of each thread of this process that Python's
+    :mod:`threading` did not start (gloo's workers among them); ``None`` where ``/proc``
+    cannot tell (not Linux)."""
+    import threading
+
+    python_threads = {t.native_id for t in threading.enumerate()} | {threading.get_native_id()}
+    states: dict[int, str] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tids:
+        if not tid.isdigit() or int(tid) in python_threads:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        states[int(tid)] = stat.rpartition(")")[2].split()[0]
+    return states
+
+
+def _wait_for_native_threads_to_settle(timeout_s: float, quiet_polls: int = 3,
+                                       poll_s: float = 0.01) -> None:
+    """Sleep (the GIL released) until no native thread is running for ``quiet_polls``
+    polls in a row, or ``timeout_s`` passed: a gloo worker that finished the last collective
+    but still holds its tensors takes the GIL meanwhile and goes back to waiting."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    quiet = 0
+    while quiet < quiet_polls and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        states = _native_thread_states()
+        if states is None:  # cannot tell: a fixed pause instead
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            return
+        quiet = quiet + 1 if all(state != "R" for state in states.values()) else 0
+
+
 def _destroy_at_exit() -> None:
     if getattr(sys, "last_value", None) is not None:  # an uncaught exception ends the process
         return
-    if torch_dist.is_available() and torch_dist.is_initialized():
-        torch_dist.destroy_process_group()
+    release_process_groups(only_own=False, collect=True)
 
 
 def get_dist_timeout() -> datetime.timedelta:

@@ -10,7 +10,7 @@ from typing import Optional, Union
 
 import torch
 
-__all__ = ["bf16_supported", "MIN_NCCL_FOR_BF16"]
+__all__ = ["bf16_supported", "check_precision", "MIN_NCCL_FOR_BF16"]
 
 MIN_NCCL_FOR_BF16 = (2, 10)
 """The first NCCL version whose collectives take bfloat16 tensors."""
@@ -56,3 +56,31 @@ def _nccl_version() -> tuple[int, ...]:
     if isinstance(version, int):  # very old torch: 2708 -> (2, 7, 8)
         return (version // 1000, version // 100 % 10, version % 100)
     return tuple(version)
+
+
+def check_precision(precision: object, device: Union[str, torch.device]) -> None:
+    """Refuse ``amp_bf16`` on a device without native bf16 (:func:`bf16_supported`): a CUDA
+    GPU older than Ampere, or a torch built with NCCL < 2.10. The CPU always passes (torch
+    runs bf16 autocast on every CPU, if slowly); so do ``fp32`` and ``amp_fp16``.
+
+    Args:
+        precision: the run's precision (``"amp_bf16"`` or a ``Precision``).
+        device: the run's device.
+
+    Raises:
+        ValueError: naming the precision, the device and what to use instead.
+    """
+    if str(getattr(precision, "value", precision)) != "amp_bf16" or bf16_supported(device):
+        return
+    raise ValueError(
+        f"precision='amp_bf16' is not natively supported on {device}: bf16 needs an Ampere or "
+        f"newer GPU (compute capability 8.0+) and NCCL >= 2.10 (torch.cuda.is_bf16_supported"
+        f"(including_emulation=False) is {_cuda_bf16()}, NCCL {_nccl_version()}). Use "
+        f"precision='amp_fp16' (with its gradient scaler) or 'fp32'.")
+
+
+def _cuda_bf16() -> bool:
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except (AssertionError, RuntimeError):  # no CUDA at all
+        return False

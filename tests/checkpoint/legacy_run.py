@@ -2,9 +2,11 @@
 package moved to Composer's layout (main at 62650c9), kept so that every later layout still
 loads and resumes it (``test_legacy_checkpoint.py``).
 
-Regenerate only on purpose (it must stay a file an *older* cadence wrote)::
+Regenerate only on purpose, and with the *older* cadence (the file must stay one that it
+wrote): check out the fixture's commit (the one after 62650c9) in a worktree and run this
+module from there, where it still sat under ``tests/trainer/checkpoint``::
 
-    python -m tests.checkpoint.legacy_run OUT_DIR
+    cd WORKTREE && PYTHONPATH=. python -m tests.trainer.checkpoint.legacy_run OUT_DIR
 """
 
 from __future__ import annotations
@@ -50,6 +52,16 @@ def run(folder: Path, load_path: Optional[str] = None,
     Returns:
         The logged training loss by batch, and the Trainer (after ``fit``).
     """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one intra-op thread: the same sums on any machine, any suite order
+    try:
+        return _run(folder, load_path, stop_at)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(folder: Path, load_path: Optional[str],
+         stop_at: Optional[int]) -> tuple[dict[int, float], Trainer]:
     torch.manual_seed(0)
     model = gpt2(n_layer=2, n_head=2, n_embd=16, vocab_size=24, max_seq_len=10, dropout=0.1)
     data = Counting()

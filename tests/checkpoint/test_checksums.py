@@ -181,9 +181,12 @@ def test_autoresume_refuses_when_no_checkpoint_is_intact(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("fmt", ["full", "sharded"])
-def test_checkpoint_without_checksums_loads_with_a_warning(
+def test_checkpoint_without_checksums_is_refused_unless_not_required(
         tmp_path: Path, fmt: str, caplog: pytest.LogCaptureFixture) -> None:
-    """Written before cadence had checksums: loads, and says it is unverified."""
+    """Issue 25 (weak): a cadence checkpoint with its manifest / zip comment removed is
+    refused by default (``require_checksums``), naming the file and the setting; with
+    ``require_checksums=False`` (e.g. a file from before checksums) it loads, and says it is
+    unverified."""
     train(tmp_path / "run", fmt, batches=1)
     path = tmp_path / "run" / ("ep0-ba1.pt" if fmt == "full" else "ep0-ba1")
     if fmt == "full":
@@ -194,8 +197,14 @@ def test_checkpoint_without_checksums_loads_with_a_warning(
         assert embedded_checksum(path) is None
     else:
         (path / "manifest.json").unlink()
+    with pytest.raises(CheckpointError) as info:
+        make_trainer(None, load_path=str(path))
+    assert str(path) in str(info.value) and "has no checksums" in str(info.value)
+    assert "require_checksums: false" in str(info.value)
+    with pytest.raises(CheckpointError, match="none passes its checksums"):  # autoresume too
+        make_trainer(tmp_path / "run", autoresume=True, batches=2)
     with caplog.at_level(logging.WARNING):
-        trainer = make_trainer(None, load_path=str(path))
+        trainer = make_trainer(None, load_path=str(path), require_checksums=False)
     assert int(trainer.state.timestamp.batch) == 1  # loaded
     assert any(str(path) in r.getMessage() and "loads unverified" in r.getMessage()
                for r in caplog.records)

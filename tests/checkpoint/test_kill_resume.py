@@ -111,9 +111,10 @@ def test_sigkill_and_autoresume_give_the_uninterrupted_loss_curve(tmp_path: Path
     assert latest(folder) == ("ep0-ba6.pt", 6)
     assert is_complete(folder / "ep1-ba8.pt")
 
-    # 4. the same command again runs to the end
+    # 4. the same command again runs to the end, printing which checkpoint it resumed from
     code, out = finish(launch(config))
     assert code == 0, out[-3000:]
+    assert f"Resumed from checkpoint {folder / 'ep0-ba6.pt'}" in out  # issue 25 (weak)
     assert latest(folder) == ("ep1-ba12.pt", 12)
     assert sorted(p.name for p in markers.iterdir()) == [
         "batch_end-ba3", "before_pointer-ba8", "during_save-ba6"]

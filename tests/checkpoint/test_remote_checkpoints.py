@@ -118,17 +118,53 @@ def test_unmarked_or_corrupt_checkpoint_is_never_loaded(s3_folder: str, tmp_path
     fs.pipe_file(shard, bytes(data))  # one flipped bit in the bucket
     with pytest.raises(CheckpointError, match=r"__0_0\.distcp.*(corrupt|CRC32C)"):
         _train(str(tmp_path / "other"), "6ba", "sharded", load_path=f"{s3_folder}/ep0-ba6")
-    fs.rm(_key(f"{s3_folder}/ep0-ba4{COMPLETE_SUFFIX}"))  # as if its upload never finished
+    fs.rm(_key(f"{s3_folder}/ep0-ba4{COMPLETE_SUFFIX}"))  # its marker lost
     with pytest.raises(CheckpointError, match="no completion marker"):
         _train(str(tmp_path / "other"), "6ba", "sharded", load_path=f"{s3_folder}/ep0-ba4")
-    # autoresume: the pointer's ba6 fails its checksum, ba4 is unmarked: ba2 it is
+    fs.rm(_key(f"{s3_folder}/ep0-ba2/__0_0.distcp"))  # and ba2 unmarked, a shard missing
+    fs.rm(_key(f"{s3_folder}/ep0-ba2{COMPLETE_SUFFIX}"))
+    # autoresume: the pointer's ba6 fails its checksum; ba4 has no marker but verifies: it is
+    # complete, its marker is rewritten and it is resumed from; ba2 fails: kept, not used
     with caplog.at_level(logging.WARNING):
         resumed, losses = _train(s3_folder, "6ba", "sharded", autoresume=True)
-    assert resumed.hyperparameters["loaded_checkpoint"] == f"{s3_folder}/ep0-ba2"
+    assert resumed.hyperparameters["loaded_checkpoint"] == f"{s3_folder}/ep0-ba4"
     assert "__0_0.distcp" in caplog.text
-    assert losses == {k: v for k, v in expected.items() if k > 2}
+    assert f"{s3_folder}/ep0-ba4 had no completion marker, but every file passes" in caplog.text
+    assert f"{s3_folder}/ep0-ba2 has no completion marker and fails its checks" in caplog.text
+    assert losses == {k: v for k, v in expected.items() if k > 4}
     _assert_same(_weights(resumed), _weights(reference))
-    assert f"ep0-ba4{COMPLETE_SUFFIX}" in s3_ls(s3_folder)  # saved again, complete
+    assert f"ep0-ba4{COMPLETE_SUFFIX}" in s3_ls(s3_folder)  # its marker rewritten
+    assert "ep0-ba2" in s3_ls(s3_folder)  # the incomplete one is kept, not deleted
+
+
+@pytest.mark.parametrize("fmt", ["full", "sharded"])
+def test_deleted_markers_never_destroy_good_checkpoints(s3_folder: str, tmp_path: Path,
+                                                        fmt: str, caplog: Any) -> None:
+    """Issue 25, item 3: every completion marker deleted, the pointer naming the newest:
+    autoresume verifies the unmarked checkpoints, rewrites their markers (WARNING) and resumes
+    from the newest; nothing is deleted. A run that does not resume is refused at the save
+    whose name is taken, as for a marked checkpoint, and deletes nothing either."""
+    reference, expected = _train(str(tmp_path / "local"), "6ba", fmt)
+    _train(s3_folder, "4ba", fmt)
+    fs = _fs()
+    suffix = ".pt" if fmt == "full" else ""
+    names = [f"ep0-ba2{suffix}", f"ep0-ba4{suffix}"]
+    for name in names:
+        fs.rm(_key(f"{s3_folder}/{name}{COMPLETE_SUFFIX}"))
+    assert not [n for n in s3_ls(s3_folder) if n.endswith(COMPLETE_SUFFIX)]
+    with pytest.raises(FileExistsError, match=f"ep0-ba2{suffix} already exists"):
+        _train(s3_folder, "6ba", fmt)  # not resuming: its first save's name is taken
+    assert set(names) <= set(s3_ls(s3_folder))  # nothing deleted
+    with caplog.at_level(logging.INFO):
+        resumed, losses = _train(s3_folder, "6ba", fmt, autoresume=True)
+    assert resumed.hyperparameters["loaded_checkpoint"] == f"{s3_folder}/ep0-ba4{suffix}"
+    assert losses == {k: v for k, v in expected.items() if k > 4}
+    _assert_same(_weights(resumed), _weights(reference))
+    rewritten = [r for r in caplog.records if "had no completion marker" in r.getMessage()]
+    assert len(rewritten) == 2 and all(r.levelno == logging.WARNING for r in rewritten)
+    assert not [r for r in caplog.records if "Removing" in r.getMessage()]
+    listing = s3_ls(s3_folder)
+    assert all(n in listing and n + COMPLETE_SUFFIX in listing for n in names)
 
 
 def test_sigkill_mid_upload_then_autoresume_bit_exact(s3_folder: str, tmp_path: Path) -> None:
