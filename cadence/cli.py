@@ -20,10 +20,14 @@ wrong type) before torch is even imported.
 port itself; several nodes pass ``--nnodes``, ``--node_rank``, ``--master_addr`` and
 ``--master_port`` (or ``--rdzv_backend c10d --rdzv_endpoint HOST:PORT``) as torchrun takes
 them; under SLURM what is not given comes from the job (:func:`torchrun_argv`,
-:mod:`cadence.launch.slurm`). When a rank fails, torchrun stops the others and
-prints the failing rank's traceback; the exit status is then 1. A rank killed by a signal is
-named with its signal first; a rank that stops answering fails every collective after
-``dist_timeout`` seconds, and the surviving ranks name it. The ranks die with the launch:
+:mod:`cadence.launch.slurm`). ``--max_restarts N`` restarts the whole group after a rank
+fails, up to ``N`` times (torchrun's, on the static or c10d rendezvous: never
+``--standalone``, whose restarts fail to connect); with ``autoresume: true`` each restart
+resumes from the newest verified checkpoint, and after the last one the launch names every
+attempt's first error (:mod:`cadence.launch.restarts`). When a rank fails, torchrun stops
+the others and prints the failing rank's traceback; the exit status is then 1. A rank killed
+by a signal is named with its signal first; a rank that stops answering fails every
+collective after ``dist_timeout`` seconds, and the surviving ranks name it. The ranks die with the launch:
 ``SIGKILL`` on ``cadence launch`` kills them too (:mod:`cadence.launch.rank_health`).
 A preemption signal (``SIGTERM``, ``SIGUSR1``, ...) is forwarded to every rank, which
 checkpoints and exits ``128 + signal`` (:mod:`cadence.trainer.preemption`); ``cadence
@@ -111,6 +115,10 @@ def _add_launch(subparsers: argparse._SubParsersAction) -> None:
                              "torchrun's 'none')")
     launch.add_argument("--rdzv_conf", default=None, metavar="K=V,...",
                         help="torchrun's --rdzv_conf, e.g. join_timeout=600")
+    launch.add_argument("--max_restarts", type=int, default=0,
+                        help="restart the whole group up to N times after a rank fails; each "
+                             "restart resumes from the newest verified checkpoint with "
+                             "autoresume: true (default 0: the job fails at once)")
     launch.add_argument("config", metavar="RUN.yaml", help="the run file")
     launch.add_argument("overrides", nargs="*", metavar="key=value",
                         help="overrides, as for `cadence train`")
@@ -153,6 +161,10 @@ def torchrun_argv(args: argparse.Namespace, environ: Mapping[str, str]) -> list[
     slurm = slurm_nodes(environ)
     nnodes = args.nnodes if args.nnodes is not None else slurm.nnodes if slurm else 1
     multi_slurm = slurm if slurm is not None and nnodes > 1 else None
+    max_restarts = getattr(args, "max_restarts", 0)
+    if max_restarts < 0:
+        raise ValueError(f"need --max_restarts >= 0 (got {max_restarts}); 0 fails the job at "
+                         f"the first rank failure.")
     if args.nproc_per_node < 1 or nnodes < 1:
         raise ValueError(f"need -n >= 1 and --nnodes >= 1 (got -n {args.nproc_per_node}, "
                          f"--nnodes {nnodes}).")
@@ -163,7 +175,7 @@ def torchrun_argv(args: argparse.Namespace, environ: Mapping[str, str]) -> list[
     if port is None and nnodes == 1:
         port = _free_port()
     head = [f"--nproc_per_node={args.nproc_per_node}", f"--nnodes={nnodes}"]
-    tail = ["--max_restarts=0", "--monitor_interval=0.5",
+    tail = [f"--max_restarts={max_restarts}", "--monitor_interval=0.5",
             "-m", "cadence", "train", args.config, *args.overrides]
     if args.rdzv_backend == "static":
         if args.rdzv_endpoint is not None or args.rdzv_id is not None:
@@ -218,8 +230,19 @@ def _launch(args: argparse.Namespace) -> int:
     from torch.distributed.run import get_args_parser, run
 
     from cadence.launch.rank_health import LAUNCHER_PID_ENV, RankWatcher
+    from cadence.launch.restarts import AttemptRecorder
 
     torchrun_args = get_args_parser().parse_args(argv)
+    if torchrun_args.rdzv_backend == "static" and torchrun_args.rdzv_id == "none":
+        # one id per job, the same for all its attempts (TORCHELASTIC_RUN_ID): a restarted
+        # group takes over the save folder's lock of its own earlier attempt. Every node must
+        # name the same id (the static store's prefix): one node makes one up, several take
+        # SLURM's job id, else stay anonymous (the lock's other rules apply)
+        import uuid
+
+        job = os.environ.get("SLURM_JOB_ID", "")
+        torchrun_args.rdzv_id = (f"cadence-{uuid.uuid4().hex[:12]}" if nnodes == 1
+                                 else f"slurm-{job}" if job.isdigit() else "none")
     # the agent forwards these to every rank, and waits the save out before SIGKILL
     torchrun_args.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
     torchrun_args.shutdown_timeout = int(cfg.preemption_timeout) + 30
@@ -230,13 +253,19 @@ def _launch(args: argparse.Namespace) -> int:
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     watcher = RankWatcher()
     watcher.start()
+    recorder = AttemptRecorder()
     try:
-        run(torchrun_args)
+        with recorder:
+            run(torchrun_args)
     except SignalException as exc:  # forwarded to the ranks, which saved and exited
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:  # a rank preempted alone (its status) or a failure
         first = exc.get_first_failure()[1].exitcode
-        return first if 128 < first <= 128 + 31 and _preempted(first - 128, cfg) else 1
+        if 128 < first <= 128 + 31 and _preempted(first - 128, cfg):
+            return first
+        if args.max_restarts > 0 and recorder.errors:  # torchrun shows the last attempt only
+            print(f"cadence launch: {recorder.summary(args.max_restarts)}", file=sys.stderr)
+        return 1
     finally:
         watcher.stop()
     return 0
@@ -372,6 +401,9 @@ def _train_recorded(args: argparse.Namespace) -> int:
     from cadence.launch.rank_health import die_with_launcher
 
     die_with_launcher()  # torchrun starts ranks in their own session: tie them to it
+    from cadence.launch.restarts import announce_restart
+
+    announce_restart()  # rank 0 of a restarted group (cadence launch --max_restarts N)
 
     return int(record(_train)(args))
 

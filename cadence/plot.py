@@ -3,9 +3,12 @@
 The :class:`~cadence.loggers.FileLogger` writes one JSON object per ``log_metrics``
 call (``{"step": 12, "loss/train/total": 5.1, ...}``); this module reads those files and
 draws each chosen metric against the optimizer step, one panel per metric, one line per
-run, so runs can be compared without a tracking server. Needs ``matplotlib``
-(``pip install 'cadence[plot]'``); drawing uses the Agg canvas directly, so no GUI backend
-or pyplot state is touched.
+run, so runs can be compared without a tracking server. A resumed run's file holds resume
+marks (``{"event": "resume", "step": N}``); what is drawn is the final curve: a step above
+``N`` keeps only what was written after the mark, so steps trained twice (after a hard kill)
+appear once, with the resumed run's values; each resume is a dotted vertical line. Needs
+``matplotlib`` (``pip install 'cadence[plot]'``); drawing uses the Agg canvas directly, so
+no GUI backend or pyplot state is touched.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
-__all__ = ["DEFAULT_METRICS", "RunMetrics", "load_metrics", "default_metrics", "plot_runs"]
+__all__ = ["DEFAULT_METRICS", "RunMetrics", "load_metrics", "resume_steps", "default_metrics",
+           "plot_runs"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -43,12 +47,46 @@ def _metrics_file(run: Path) -> Path:
                      "logger (loggers: {file: {}} in the run file).")
 
 
-def load_metrics(run: PathLike) -> RunMetrics:
+def _records(run: PathLike) -> Iterator[dict]:
+    path = _metrics_file(Path(run))
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number} is not a JSON line ({exc.msg}).") from None
+            if isinstance(record, dict):
+                yield record
+
+
+def _is_resume(record: dict) -> bool:
+    return record.get("event") == "resume" and isinstance(record.get("step"), int)
+
+
+def resume_steps(run: PathLike) -> list[int]:
+    """The steps a run resumed from, in the order of its resume marks.
+
+    Args:
+        run: a run's folder or ``.jsonl`` file (as :func:`load_metrics`).
+
+    Returns:
+        The ``step`` of every ``{"event": "resume", "step": N}`` line.
+    """
+    return [record["step"] for record in _records(run) if _is_resume(record)]
+
+
+def load_metrics(run: PathLike, final: bool = True) -> RunMetrics:
     """Every numeric metric in a run's ``metrics.jsonl``.
 
     Args:
         run: a run's folder (its ``metrics.jsonl``, or ``metrics_rank0.jsonl`` when the run
             logged every rank) or the path of a ``.jsonl`` file.
+        final: the final curve (default): at each resume mark ``{"event": "resume", "step":
+            N}``, the values logged before it at steps above ``N`` are dropped (an attempt
+            killed after its last checkpoint trained them, the resumed run trains them
+            again). False: every value, as written.
 
     Returns:
         ``{metric: (steps, values)}``; ``"nan"``/``"inf"`` strings are read as floats,
@@ -58,31 +96,29 @@ def load_metrics(run: PathLike) -> RunMetrics:
         ValueError: no such folder or file, no metrics file in it, or a line that is not
             JSON (the message names the file and line).
     """
-    path = _metrics_file(Path(run))
     series: RunMetrics = {}
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
+    for record in _records(run):
+        step = record.get("step")
+        if not isinstance(step, int):
+            continue
+        if _is_resume(record):
+            if final:
+                for name, (steps, values) in series.items():
+                    kept = [i for i, s in enumerate(steps) if s <= step]
+                    series[name] = ([steps[i] for i in kept], [values[i] for i in kept])
+            continue
+        for key, value in record.items():
+            if key == "step" or isinstance(value, bool):
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number} is not a JSON line ({exc.msg}).") from None
-            step = record.get("step")
-            if not isinstance(step, int):
-                continue
-            for key, value in record.items():
-                if key == "step" or isinstance(value, bool):
+            if isinstance(value, str):
+                try:
+                    value = float(value)  # "nan", "inf", "-inf" as the FileLogger writes
+                except ValueError:
                     continue
-                if isinstance(value, str):
-                    try:
-                        value = float(value)  # "nan", "inf", "-inf" as the FileLogger writes
-                    except ValueError:
-                        continue
-                if isinstance(value, (int, float)):
-                    steps, values = series.setdefault(key, ([], []))
-                    steps.append(step)
-                    values.append(float(value))
+            if isinstance(value, (int, float)):
+                steps, values = series.setdefault(key, ([], []))
+                steps.append(step)
+                values.append(float(value))
     return series
 
 
@@ -133,6 +169,7 @@ def plot_runs(
     if len(labels) != len(paths):
         raise ValueError(f"{len(labels)} labels for {len(paths)} runs.")
     data = [load_metrics(p) for p in paths]
+    marks = [resume_steps(p) for p in paths]
     present = sorted(set().union(*(d.keys() for d in data)))
     chosen = list(metrics) if metrics else default_metrics(data)
     missing = [m for m in chosen if not any(m in d for d in data)]
@@ -155,10 +192,13 @@ def plot_runs(
     FigureCanvasAgg(figure)
     axes = figure.subplots(len(chosen), 1, sharex=True, squeeze=False)[:, 0]
     for ax, metric in zip(axes, chosen):
-        for label, run in zip(labels, data):
+        for label, run, resumes in zip(labels, data, marks):
             if metric in run:
                 steps, values = run[metric]
-                ax.plot(steps, values, label=label, marker="." if len(steps) < 30 else None)
+                line, = ax.plot(steps, values, label=label,
+                                marker="." if len(steps) < 30 else None)
+                for step in resumes:
+                    ax.axvline(step, color=line.get_color(), linestyle=":", linewidth=1)
         ax.set_title(metric, fontsize="medium")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")

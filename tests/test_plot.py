@@ -13,7 +13,7 @@ import pytest
 
 from cadence import Trainer
 from cadence.cli import main
-from cadence.plot import default_metrics, load_metrics, plot_runs
+from cadence.plot import default_metrics, load_metrics, plot_runs, resume_steps
 from cadence.loggers import FileLogger
 from tests.common.models import SimpleModel, make_dataloader
 
@@ -103,3 +103,23 @@ def test_non_finite_values_and_bad_lines(tmp_path: Path) -> None:
     path.write_text("{not json\n")
     with pytest.raises(ValueError, match=r"m.jsonl:1 is not a JSON line"):
         load_metrics(path)
+
+
+def test_resume_marks_give_the_final_curve(tmp_path: Path) -> None:
+    """An attempt killed after its checkpoint of step 3 logged steps 4-5; the resumed run
+    logged 4-6 after the mark; a second kill (checkpoint 5, steps 6-7 logged) and resume."""
+    rows = ([{"step": s, "loss": 1.0 + s} for s in range(1, 6)]
+            + [{"event": "resume", "step": 3}]
+            + [{"step": s, "loss": 2.0 + s} for s in range(4, 8)]
+            + [{"event": "resume", "step": 5}]
+            + [{"step": s, "loss": 3.0 + s} for s in range(6, 9)])
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    steps, values = load_metrics(tmp_path)["loss"]
+    assert steps == list(range(1, 9))  # each step once, in order
+    assert values == [2.0, 3.0, 4.0, 6.0, 7.0, 9.0, 10.0, 11.0]  # the latest attempt's
+    assert resume_steps(tmp_path) == [3, 5]
+    raw_steps, _ = load_metrics(path, final=False)["loss"]
+    assert raw_steps == [1, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7, 8]  # as written: trained twice
+    out = plot_runs([tmp_path], output=tmp_path / "resumed.png", metrics=["loss"])
+    assert png_size(out) == (900, 300)

@@ -410,6 +410,13 @@ class ChildTuning(Algorithm):
         which receive the gradients.
         """
         model = unwrap_model(state.model)
+        if getattr(model, "uses_peft", False):
+            raise ValueError(
+                "ChildTuning cannot train a peft model (HuggingFaceModel(peft_config=...), "
+                "hf_pretrained's peft): it masks the gradients of the full weights by their "
+                "Fisher information (Xu et al., 2021), but peft freezes those weights and only "
+                "its adapters get gradients, which child tuning does not define masks for. "
+                "Remove one: child_tuning from algorithms, or peft from the model.")
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.reshard()

@@ -78,7 +78,8 @@ def compute_ema(model: nn.Module, ema_model: Union[nn.Module, dict[str, torch.Te
     """
     if not 0.0 <= smoothing <= 1.0:
         raise ValueError(f"smoothing must be in [0, 1], got {smoothing}.")
-    ema = _named_tensors(ema_model) if isinstance(ema_model, nn.Module) else ema_model
+    ema = (_named_tensors(ema_model, include_frozen=True) if isinstance(ema_model, nn.Module)
+           else ema_model)  # an EMA copy may have been frozen (requires_grad_(False))
     current = _named_tensors(model)
     names = [n for n in ema if n in current]
     with torch.no_grad():
@@ -88,8 +89,10 @@ def compute_ema(model: nn.Module, ema_model: Union[nn.Module, dict[str, torch.Te
             torch._foreach_lerp_(targets, sources, 1.0 - smoothing)
 
 
-def _named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Floating-point parameters and buffers by name (what the EMA averages).
+def _named_tensors(model: nn.Module, include_frozen: bool = False) -> dict[str, torch.Tensor]:
+    """Trainable floating-point parameters and floating-point buffers by name (what the EMA
+    averages; frozen parameters, e.g. a ``peft`` model's base, never change, so their average
+    is themselves and is neither copied nor checkpointed).
 
     Under FSDP2 the model is resharded first: a root unit keeps its all-gathered parameters
     after an eval forward, and those copies are neither the sharded parameters nor
@@ -99,7 +102,8 @@ def _named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
-    tensors = {n: p for n, p in model.named_parameters() if p.is_floating_point()}
+    tensors = {n: p for n, p in model.named_parameters()
+               if p.is_floating_point() and (p.requires_grad or include_frozen)}
     tensors.update({n: b for n, b in model.named_buffers() if b.is_floating_point()})
     return tensors
 

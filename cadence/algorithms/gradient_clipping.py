@@ -91,7 +91,7 @@ def apply_gradient_clipping(
     if clipping_threshold <= 0:
         raise ValueError(f"clipping_threshold must be > 0, got {clipping_threshold}.")
     parameters = model.parameters() if isinstance(model, nn.Module) else model
-    params = [p for p in parameters if p.grad is not None]
+    params = [p for p in parameters if p.requires_grad and p.grad is not None]  # not frozen
     if kind == ClippingType.NORM:
         return torch.nn.utils.clip_grad_norm_(params, max_norm=clipping_threshold)
     if kind == ClippingType.VALUE:

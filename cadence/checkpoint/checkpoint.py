@@ -61,6 +61,9 @@ from torch.distributed.tensor import DTensor
 
 from cadence.utils import dist
 from cadence._version import __version__
+from cadence.checkpoint.adapter_only import (
+    METADATA_KEY, adapter_metadata, base_mismatch, saves_adapters_only,
+)
 from cadence.checkpoint.data_position import load_data_position, save_data_position
 from cadence.checkpoint.errors import CheckpointError
 from cadence.checkpoint.files import (
@@ -109,9 +112,11 @@ def _single_process_dcp() -> Any:
         yield
 
 
-def _options(full: bool, strict: bool = True, broadcast: bool = False) -> StateDictOptions:
+def _options(full: bool, strict: bool = True, broadcast: bool = False,
+             frozen: bool = True) -> StateDictOptions:
+    """``frozen=False``: leave out frozen parameters (adapter-only checkpoints)."""
     return StateDictOptions(full_state_dict=full, cpu_offload=full, strict=strict,
-                            broadcast_from_rank0=broadcast)
+                            broadcast_from_rank0=broadcast, ignore_frozen_params=not frozen)
 
 
 def _full_tensors(obj: Any) -> Any:
@@ -146,6 +151,7 @@ def _metadata(state: State, fmt: str, extra: Optional[dict[str, Any]]) -> dict[s
             "world_size": dist.get_world_size(), "format": fmt, "run_name": state.run_name,
             "rank_zero_seed": state.rank_zero_seed}
     meta.update(extra or {})
+    meta.update(adapter_metadata(state.model))
     return meta
 
 
@@ -220,7 +226,8 @@ def collect_checkpoint(state: State, fmt: str, weights_only: bool = False,
     if fmt not in FORMATS:
         raise ValueError(f"checkpoint format {fmt!r} is not one of: {', '.join(FORMATS)}.")
     full = fmt == "full" and gather
-    model_sd = get_model_state_dict(state.model, options=_options(full))
+    frozen = not saves_adapters_only(state.model)
+    model_sd = get_model_state_dict(state.model, options=_options(full, frozen=frozen))
     tensors: dict[str, Any] = {"model": model_sd}
     if not weights_only:
         tensors["optimizers"] = {
@@ -505,7 +512,8 @@ def _load_full(state: State, path: Path, weights_only: bool, strict: bool,
     rank0 = dist.get_global_rank() == 0
     error: list[Any] = [None]
     loaded: Any = None
-    model_shapes = shapes_of(get_model_state_dict(state.model, options=_options(False)))
+    shapes = {frozen: shapes_of(get_model_state_dict(
+        state.model, options=_options(False, frozen=frozen))) for frozen in (True, False)}
     if rank0:
         try:
             loaded = load_verified(path, checksums, require)
@@ -513,8 +521,10 @@ def _load_full(state: State, path: Path, weights_only: bool, strict: bool,
                 raise CheckpointError(f"{path} is not a cadence checkpoint: it holds no "
                                       f"'model' state dict (a .pt file of plain weights? "
                                       f"load it into the model yourself).")
-            error[0] = model_mismatch(path, shapes_of(loaded["model"]), model_shapes, strict,
-                                      ignore_keys)
+            meta = dict(loaded.get("metadata") or {})
+            error[0] = base_mismatch(path, meta, state.model) or model_mismatch(
+                path, shapes_of(loaded["model"]), shapes[not meta.get(METADATA_KEY)], strict,
+                ignore_keys)
         except CheckpointError as exc:
             error[0] = str(exc)
     dist.broadcast_object_list(error)
@@ -528,10 +538,11 @@ def _load_full(state: State, path: Path, weights_only: bool, strict: bool,
     rest: dict[str, Any] = small[0]  # type: ignore[assignment]
     broadcast = dist.get_world_size() > 1
     model_sd = _drop_ignored(loaded["model"], "model", ignore_keys) if rank0 else {}
+    adapters = bool(rest["metadata"].get(METADATA_KEY))  # checked strictly above
     try:
         set_model_state_dict(state.model, model_sd,
-                             options=_options(True, strict=strict and not ignore_keys,
-                                              broadcast=broadcast))
+                             options=_options(True, strict=strict and not ignore_keys
+                                              and not adapters, broadcast=broadcast))
     except (RuntimeError, KeyError, ValueError) as exc:
         raise CheckpointError(f"The model in {path} does not fit this run's model: {exc}") from exc
     if not weights_only:
@@ -548,20 +559,24 @@ def _load_full(state: State, path: Path, weights_only: bool, strict: bool,
 
 
 def _read_sharded_parts(reader: SafeFileSystemReader, path: Path, checksums: bool,
-                        require: bool, model_shapes: dict[str, Any], strict: bool,
-                        ignore_keys: Sequence[str]) -> dict[str, Any]:
+                        require: bool, model_shapes: dict[bool, dict[str, Any]],
+                        strict: bool, ignore_keys: Sequence[str], model: Any = None
+                        ) -> dict[str, Any]:
     """Rank-local checks before DCP reads a shard: ``.metadata`` through the restricted
     unpickler, ``extra.pt`` with ``weights_only``, then this rank's share of the checksums
     (ranks split the files), then whether the model fits (``model_shapes``:
-    :func:`~cadence.checkpoint.model_fit.model_mismatch`). Returns ``extra.pt``'s
-    contents."""
+    :func:`~cadence.checkpoint.model_fit.model_mismatch`; ``model_shapes[frozen]``, without
+    the frozen parameters for an adapter-only checkpoint, whose base is checked against
+    ``model``'s). Returns ``extra.pt``'s contents."""
     metadata = reader.read_metadata()
     extra = safe_torch_load(path / EXTRA_FILE)
     if checksums:
         verify(path, part=(dist.get_global_rank(), dist.get_world_size()), require=require)
     saved = {key[len("model."):]: tuple(getattr(meta, "size", None) or ()) or None
              for key, meta in metadata.state_dict_metadata.items() if key.startswith("model.")}
-    mismatch = model_mismatch(path, saved, model_shapes, strict, ignore_keys)
+    meta = dict(extra.get("metadata") or {})
+    mismatch = base_mismatch(path, meta, model) or model_mismatch(
+        path, saved, model_shapes[not meta.get(METADATA_KEY)], strict, ignore_keys)
     if mismatch is not None:
         raise CheckpointError(mismatch)
     return extra
@@ -570,9 +585,13 @@ def _read_sharded_parts(reader: SafeFileSystemReader, path: Path, checksums: boo
 def _load_sharded(state: State, path: Path, weights_only: bool, strict: bool,
                   ignore_keys: Sequence[str], checksums: bool, require: bool) -> dict[str, Any]:
     reader = SafeFileSystemReader(str(path))
-    model_sd = get_model_state_dict(state.model)
-    extra = _all_ranks(lambda: _read_sharded_parts(reader, path, checksums, require,
-                                                   shapes_of(model_sd), strict, ignore_keys))
+    model_sds = {frozen: get_model_state_dict(state.model, options=StateDictOptions(
+        ignore_frozen_params=not frozen)) for frozen in (True, False)}
+    extra = _all_ranks(lambda: _read_sharded_parts(
+        reader, path, checksums, require, {k: shapes_of(v) for k, v in model_sds.items()},
+        strict, ignore_keys, state.model))
+    adapters = bool(extra["metadata"].get(METADATA_KEY))
+    model_sd = model_sds[not adapters]
     template: dict[str, Any] = {"model": _drop_ignored(model_sd, "model", ignore_keys)}
     if not weights_only:
         if not _ignored("optimizers", ignore_keys):
@@ -593,7 +612,8 @@ def _load_sharded(state: State, path: Path, weights_only: bool, strict: bool,
             raise CheckpointError(_optimizer_mismatch(path, None, failure)) from exc
         raise CheckpointError(f"Cannot load sharded checkpoint {path}: {failure}") from exc
     set_model_state_dict(state.model, template["model"],
-                         options=_options(False, strict=strict and not ignore_keys))
+                         options=_options(False, strict=strict and not ignore_keys
+                                          and not adapters))
     if not weights_only:
         for i, optimizer in enumerate(state.optimizers):
             if "optimizers" in template:

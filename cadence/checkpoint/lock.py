@@ -44,6 +44,13 @@ from the store for longer than :data:`STALE_SECONDS` loses its lock without know
 takeover is delete-then-create, so it relies on the heartbeat, not on a compare-and-swap.
 Release (at ``close()`` or exit) deletes the object if it still holds this run's token.
 
+A restarted group (``cadence launch --max_restarts N``: torchrun restarts every rank after one
+failed) takes over the lock of its own earlier attempt: the record holds torchrun's run id
+(``TORCHELASTIC_RUN_ID``; ``cadence launch`` gives each launch its own) and restart count,
+and a holder with the same run id and a lower restart count is taken over at once, on any
+host, with an INFO line (:func:`earlier_attempt`). Anonymous run ids (torchrun's ``none``)
+never match, so two unrelated jobs are never taken for one.
+
 Which of the two a run takes is decided by its
 :class:`~cadence.checkpoint.run_folder.RunFolder` (rank 0 locks; every rank raises).
 """
@@ -65,10 +72,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from cadence.checkpoint.remote import get_filesystem, join
+from cadence.launch.restarts import attempt
 
 __all__ = ["HEARTBEAT_SECONDS", "LOCK_FILENAME", "STALE_SECONDS", "AnyRunLock",
            "RemoteRunLock", "RunLock", "SaveFolderInUse", "acquire_remote_lock",
-           "acquire_run_lock", "alive", "describe", "holder_record", "release_on_error"]
+           "acquire_run_lock", "alive", "describe", "earlier_attempt", "holder_record",
+           "release_on_error"]
 
 log = logging.getLogger(__name__)
 
@@ -120,9 +129,30 @@ def alive(holder: dict[str, Any]) -> bool:
 
 
 def describe(holder: dict[str, Any]) -> str:
-    """A lock holder's record as a refusal names it: run, host, PID and start time."""
+    """A lock holder's record as a refusal names it: run, host, PID and start time (and the
+    torchrun attempt, when it has one)."""
+    tried = (f", torchrun run id {holder['run_id']} attempt {holder.get('restart', 0)}"
+             if holder.get("run_id") else "")
     return (f"run {holder.get('run_name')!r} (host {holder.get('host')}, pid "
-            f"{holder.get('pid')}, started {holder.get('started')})")
+            f"{holder.get('pid')}, started {holder.get('started')}{tried})")
+
+
+def earlier_attempt(holder: Optional[dict[str, Any]]) -> bool:
+    """Whether ``holder`` is an earlier attempt of this process's torchrun job: the same run
+    id (not torchrun's anonymous ``none``) and a lower restart count. torchrun restarts a
+    group only after stopping the previous one, so such a holder is gone (wherever it ran)."""
+    this = attempt()
+    if this is None or not holder or holder.get("run_id") != this[0]:
+        return False
+    try:
+        return int(holder.get("restart", 0)) < this[1]
+    except (TypeError, ValueError):
+        return False
+
+
+def _earlier_attempt_info(where: str, holder: dict[str, Any]) -> None:
+    log.info("Taking over the lock %s from %s: an earlier attempt of this job, restarted by "
+             "torchrun (--max_restarts).", where, describe(holder))
 
 
 def _read_holder(fd: int) -> Optional[dict[str, Any]]:
@@ -180,9 +210,13 @@ def _refusal(path: Path, holder: Optional[dict[str, Any]], how: str) -> SaveFold
 def holder_record(run_name: str, token: str) -> dict[str, Any]:
     """Who holds a lock: this host, PID and process start time, the run and a token (the
     content of a local lock file and of a remote lock object)."""
-    return {"host": socket.gethostname(), "pid": os.getpid(),
-            "pid_start": _proc_start(os.getpid()), "run_name": run_name,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": token}
+    record = {"host": socket.gethostname(), "pid": os.getpid(),
+              "pid_start": _proc_start(os.getpid()), "run_name": run_name,
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": token}
+    this = attempt()
+    if this is not None:  # a torchrun attempt (see earlier_attempt)
+        record["run_id"], record["restart"] = this
+    return record
 
 
 def _write_holder(fd: int, run_name: str, token: str) -> None:
@@ -194,6 +228,9 @@ def _write_holder(fd: int, run_name: str, token: str) -> None:
 
 
 def _take_over_warning(path: Path, holder: dict[str, Any]) -> None:
+    if earlier_attempt(holder):
+        _earlier_attempt_info(str(path), holder)
+        return
     log.warning("Taking over the lock %s of %s, which is no longer running (it ended without "
                 "releasing it).", path, describe(holder))
 
@@ -237,7 +274,7 @@ def acquire_run_lock(folder: Path, run_name: str) -> RunLock:
         holder = _read_holder(fd)
         if holder is not None:
             if (holder.get("host") == socket.gethostname() and holder.get("pid") != os.getpid()
-                    and alive(holder)):
+                    and alive(holder) and not earlier_attempt(holder)):
                 os.close(fd)  # its lock is not visible here, but the process runs
                 raise _refusal(path, holder, "is running on this host")
             _take_over_warning(path, holder)
@@ -259,10 +296,11 @@ def _acquire_without_locks(path: Path, run_name: str, token: str) -> RunLock:
                 holder = _read_holder(fd)
             finally:
                 os.close(fd)
-            if holder is None or holder.get("host") != socket.gethostname():
+            same_job = earlier_attempt(holder)
+            if not same_job and (holder is None or holder.get("host") != socket.gethostname()):
                 raise _refusal(path, holder, "may be running on another host (this "
                                              "filesystem has no file locks to check)") from None
-            if alive(holder):
+            if not same_job and alive(holder):
                 raise _refusal(path, holder, "is running") from None
             _take_over_warning(path, holder)
             path.unlink(missing_ok=True)
@@ -378,6 +416,10 @@ def acquire_remote_lock(url: str, run_name: str) -> RemoteRunLock:
         age = time.time() - float(current.get("heartbeat", 0))
         dead_here = (current.get("host") == socket.gethostname()
                      and current.get("pid") != os.getpid() and not alive(current))
+        if earlier_attempt(current):
+            _earlier_attempt_info(join(url, LOCK_FILENAME), current)
+            fs.rm(key)
+            continue
         if age < STALE_SECONDS and not dead_here:
             raise SaveFolderInUse(
                 f"save_folder {url} is in use by {describe(current)}, whose last heartbeat "

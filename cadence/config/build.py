@@ -6,7 +6,7 @@ algorithms, callbacks, loggers, then the Trainer. Every component comes from its
 
     model      = models.get(name)(**kwargs)
     loader     = datasets.get(name)(batch_size=<per-device batch>, **kwargs)
-    optimizer  = optimizers.get(name)(model.parameters(), **kwargs)
+    optimizer  = optimizers.get(name)(<trainable parameters>, **kwargs)
     scheduler  = schedulers.get(name)(**kwargs)
     callbacks  = [callbacks.get(name)(**kwargs) for name, kwargs in section.items()]
 """
@@ -89,8 +89,10 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
                                  batch_size=eval_batch)
     optimizer = None
     if cfg.optimizer is not None:
+        from cadence.optim.optimizers import trainable_parameters
+
         optimizer = _build("optimizer", registry.optimizers, cfg.optimizer,
-                           positional=(model.parameters(),))
+                           positional=(trainable_parameters(model),))
     scheduler = None
     if cfg.scheduler is not None:
         scheduler = _build("scheduler", registry.schedulers, cfg.scheduler)

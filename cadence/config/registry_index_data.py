@@ -226,6 +226,8 @@ INDEX = {
             {'name': 'torch_dtype', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or null', 'null': True, 'members': [{'type': 'str'}]}},
             {'name': 'attn_implementation', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str', 'members': [{'type': 'str'}]}},
             {'name': 'trust_remote_code', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
+            {'name': 'peft', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a mapping or null', 'null': True}},
+            {'name': 'should_save_peft_only', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
         ]},
     },
     'optimizer': {

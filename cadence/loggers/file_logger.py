@@ -20,12 +20,14 @@ from cadence.config.registry import loggers
 if TYPE_CHECKING:
     from cadence.core.state import State
 
-__all__ = ["FileLogger", "jsonable"]
+__all__ = ["FileLogger", "RESUME_EVENT", "jsonable"]
 
 _DEFAULT_FOLDER = "runs/{run_name}"
 _DEFAULT_FILENAME = "metrics.jsonl"
 _DEFAULT_FILENAME_ALL_RANKS = "metrics_rank{rank}.jsonl"
 _HPARAMS_FILENAME = "hparams.json"
+RESUME_EVENT = "resume"
+"""The ``event`` of the line a resumed run writes first: ``{"event": "resume", "step": N}``."""
 
 
 def jsonable(value: Any) -> Any:
@@ -74,7 +76,12 @@ class FileLogger(LoggerDestination):
     ``{"stdout": "<line>"}`` / ``{"stderr": "<line>"}``, so every line stays JSON.
 
     The file is opened lazily (on the first metrics, once the run name is known) in append
-    mode, so a resumed run continues the same file. Every ``flush_interval`` batches, at
+    mode, so a resumed run continues the same file. A run that resumes a checkpoint at step
+    ``N`` first writes the resume mark ``{"event": "resume", "step": N}``: lines after it
+    with steps above ``N`` are the resumed run's, and lines before it with steps above ``N``
+    (an attempt killed after its last checkpoint) were trained again, so the final curve
+    of a step is its last value after the latest mark at or below it (what ``cadence plot``
+    draws: :func:`cadence.plot.load_metrics`). Every ``flush_interval`` batches, at
     each epoch's end, at ``FIT_END`` and on ``close`` the file is flushed, ``fsync`` ed and
     handed to ``logger.upload_file`` under ``remote_file_name`` (for destinations that store
     files).
@@ -335,6 +342,13 @@ class FileLogger(LoggerDestination):
     def init(self, state: State, logger: Any) -> None:
         self._logger, self._state = logger, state
         self._resolve(state.run_name, state.save_folder)
+
+    def after_load(self, state: State, logger: Any) -> None:
+        del logger
+        step = int(state.timestamp.batch)
+        if step > 0 and self._writes():  # a checkpoint was loaded: mark where this run starts
+            self._resolve(state.run_name, state.save_folder)
+            self._write_line(json.dumps({"event": RESUME_EVENT, "step": step}))
 
     def fit_start(self, state: State, logger: Any) -> None:
         del logger

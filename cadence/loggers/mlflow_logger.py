@@ -72,8 +72,14 @@ class MLFlowLogger(TrackerDestination):
     """Logs the run's config as MLflow params, its metrics with their ``step``, and ends the
     MLflow run ``FINISHED`` or ``FAILED``.
 
-    At ``INIT`` it opens the tracking store, creates the experiment if it does not exist and
-    starts a new MLflow run named after the cadence run, tagged ``cadence_run_name``.
+    At ``AFTER_LOAD`` it opens the tracking store, creates the experiment if it does not exist
+    and starts a new MLflow run named after the cadence run, tagged ``cadence_run_name``. The
+    MLflow run id is kept in every checkpoint: a run that resumes a checkpoint of the same
+    ``run_name`` (autoresume) continues that MLflow run (status ``RUNNING`` again, tag
+    ``cadence_resumed_at`` = the steps it resumed from) instead of starting another; if the
+    store no longer has it, a new run is started. MLflow keeps every value logged: after a
+    hard kill, a step the killed attempt logged past its last checkpoint has two values
+    (the later one is the resumed run's).
     Hyperparameters (the Trainer's ``hyperparameters``: the YAML config and the seed) are
     flattened to dotted keys (``optimizer.lr``) and logged as params; a param logged again
     with another value is kept as first logged (MLflow params are immutable) and reported
@@ -110,6 +116,7 @@ class MLFlowLogger(TrackerDestination):
     """
 
     package = "mlflow"
+    keeps_run_id = True
 
     def __init__(
         self,
@@ -161,11 +168,43 @@ class MLFlowLogger(TrackerDestination):
                 artifacts = (Path("runs") / "mlartifacts").resolve().as_uri()
             self.experiment_id = client.create_experiment(name, artifact_location=artifacts)
         run_name = self._rank_name(self.run_name or state.run_name)
-        run = client.create_run(self.experiment_id, run_name=run_name,
-                                tags={"cadence_run_name": state.run_name, **self.tags})
+        run = self._resumed_run(client)
+        if run is None:
+            run = client.create_run(self.experiment_id, run_name=run_name,
+                                    tags={"cadence_run_name": state.run_name, **self.tags})
         self._client, self.run_id = client, run.info.run_id
-        log.info("MLflow run %s (%s) in experiment %r at %s", run_name, self.run_id, name, uri)
+        log.info("MLflow run %s (%s) in experiment %r at %s%s", run_name, self.run_id, name, uri,
+                 f", resumed at step {self.resumed_at}" if run.info.run_id == self.resume_id
+                 else "")
         self._flush()
+
+    def _resumed_run(self, client: Any) -> Any:
+        """The checkpoint's MLflow run, running again (``None``: a new run, or it is gone)."""
+        if self.resume_id is None:
+            return None
+        try:
+            run = client.get_run(self.resume_id)
+        except Exception:  # noqa: BLE001 - MlflowException: deleted, or another store
+            log.warning("MLflow run %s of the checkpoint is not in the store; starting a new "
+                        "run.", self.resume_id)
+            return None
+        if run.info.experiment_id != self.experiment_id:
+            return None
+        marks = run.data.tags.get("cadence_resumed_at")
+        marks = f"{marks},{self.resumed_at}" if marks else str(self.resumed_at)
+        client.set_tag(run.info.run_id, "cadence_resumed_at", marks)
+        client.update_run(run.info.run_id, status="RUNNING")
+        logged = dict(run.data.params)  # MLflow params are immutable: not sent again
+        for key in [k for k in self._pending_params if k in logged]:
+            if self._pending_params.pop(key) != logged[key]:
+                log.info("MLFlowLogger: param %r keeps the value %r the run logged first.",
+                         key, logged[key])
+        self._params.update(logged)
+        return run
+
+    def run_id_to_resume(self) -> Optional[str]:
+        """The MLflow run id (kept in checkpoints), once the run started."""
+        return self.run_id
 
     def _flush(self) -> None:
         """Send buffered params and metrics (in MLflow's batch sizes)."""
@@ -189,6 +228,7 @@ class MLFlowLogger(TrackerDestination):
     # -- LoggerDestination ----------------------------------------------------------------
     def log_metrics(self, metrics: Mapping[str, Any], step: Optional[int] = None) -> None:
         """Buffer the numeric ``metrics`` at ``step``; send when ``flush_interval`` passed."""
+        self._start_after_init()
         if not self._enabled() or self._closed:
             return
         values = {}
@@ -203,6 +243,7 @@ class MLFlowLogger(TrackerDestination):
 
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         """Log ``hyperparameters``, flattened to dotted keys, as the run's params."""
+        self._start_after_init()
         if not self._enabled() or self._closed:
             return
         for key, value in flatten_hyperparameters(hyperparameters).items():
@@ -216,7 +257,7 @@ class MLFlowLogger(TrackerDestination):
         if self._client is not None:
             self._flush()
 
-    # -- events (INIT and FIT_START start the run: TrackerDestination) ----------------------
+    # -- events (AFTER_LOAD and FIT_START start the run: TrackerDestination) ----------------
     def fit_start(self, state: State, logger: Any) -> None:
         super().fit_start(state, logger)  # a destination added after INIT starts here
         self._fit_running = True
@@ -233,6 +274,7 @@ class MLFlowLogger(TrackerDestination):
     def close(self) -> None:
         """Send what is buffered and end the MLflow run ``FINISHED`` or ``FAILED`` (see the
         class docstring). Safe to call twice."""
+        self._start_after_init()
         if self._closed:
             return
         self._closed = True

@@ -37,8 +37,12 @@ class TensorboardLogger(TrackerDestination):
     once the writer exists, both for the HPARAMS tab and as a JSON text summary named
     ``hyperparameters``.
 
-    The writer is created at ``INIT`` (when the run name is known); anything logged before
-    is kept and written then. Events are flushed every ``flush_interval`` batches, at
+    The writer is created at ``AFTER_LOAD`` (when the run name, and the step a resumed run
+    starts from, are known); anything logged before is kept and written then. A run that
+    resumes a checkpoint at step ``N`` continues the same curve in the same folder: its
+    writer is opened with ``purge_step=N + 1``, so TensorBoard drops what an earlier attempt
+    wrote after the checkpoint (steps trained twice after a hard kill) and shows each step
+    once, with the resumed run's values. Events are flushed every ``flush_interval`` batches, at
     ``EPOCH_END``, ``EVAL_END`` and ``FIT_END``, and by :meth:`close` (safe to call twice).
     View with ``tensorboard --logdir runs`` (every run's folder under ``runs/``).
 
@@ -94,7 +98,8 @@ class TensorboardLogger(TrackerDestination):
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
             raise self.missing_package() from exc
-        self.writer = SummaryWriter(log_dir=str(self._folder(state)))
+        purge_step = self.resumed_at + 1 if self.resumed_at > 0 else None
+        self.writer = SummaryWriter(log_dir=str(self._folder(state)), purge_step=purge_step)
         if self._hyperparameters:
             self._write_hyperparameters()
         pending, self._pending = self._pending, []
@@ -123,6 +128,7 @@ class TensorboardLogger(TrackerDestination):
     # -- LoggerDestination ----------------------------------------------------------------
     def log_metrics(self, metrics: Mapping[str, Any], step: Optional[int] = None) -> None:
         """Write each numeric metric as a scalar at ``step``."""
+        self._start_after_init()
         if not self._enabled() or self._closed or not metrics:
             return
         if self.writer is None:
@@ -132,13 +138,14 @@ class TensorboardLogger(TrackerDestination):
 
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         """Merge ``hyperparameters`` (flattened) and write them to the event file."""
+        self._start_after_init()
         if not self._enabled() or self._closed:
             return
         self._hyperparameters.update(flatten_hyperparameters(hyperparameters))
         if self.writer is not None:
             self._write_hyperparameters()
 
-    # -- events (INIT and FIT_START start the writer: TrackerDestination) -------------------
+    # -- events (AFTER_LOAD and FIT_START start the writer: TrackerDestination) -------------
     def batch_end(self, state: State, logger: Any) -> None:
         del logger
         if int(state.timestamp.batch) % self.flush_interval == 0:
@@ -158,7 +165,8 @@ class TensorboardLogger(TrackerDestination):
 
     def close(self) -> None:
         """Flush and close the event file. Safe to call twice; metrics logged but never
-        written (no ``INIT`` ever fired) are dropped."""
+        written (the writer never started) are dropped."""
+        self._start_after_init()
         self._closed = True
         self._pending = []
         if self.writer is not None:

@@ -26,17 +26,23 @@ class WandBLogger(TrackerDestination):
     """Logs metrics (``run.log(metrics, step=step)``) and hyperparameters
     (``run.config.update``) to a Weights & Biases run.
 
-    The run is started at ``INIT`` (``wandb.init``), so hyperparameters the Trainer logs
-    after ``INIT`` (its ``hyperparameters`` argument: e.g. the whole YAML config, and the
-    seed) land in the run's config. Metric values may be 0-d tensors; they are read
+    The run is started at ``AFTER_LOAD`` (``wandb.init``), so hyperparameters the Trainer
+    logs then (its ``hyperparameters`` argument: e.g. the whole YAML config, and the seed)
+    land in the run's config. Metric values may be 0-d tensors; they are read
     (:func:`~cadence.loggers.to_python`, a host sync) when written, not when logged.
-    Anything logged before ``INIT`` is kept and sent when the run starts. ``step`` is the
+    Anything logged before the run starts is kept and sent then. ``step`` is the
     optimizer step (``state.timestamp.batch``); W&B drops values logged at a step lower
     than one it has already seen.
 
     By default only global rank zero starts a run (one W&B run per training run). With
     ``rank_zero_only=False`` and several ranks, every rank starts its own run, named
     ``<name>-rank<r>`` and grouped under ``group`` (default: the run name).
+
+    One training run is one W&B run: the run's id is kept in every checkpoint, and a run
+    that resumes a checkpoint of the same ``run_name`` (autoresume) continues that W&B run
+    (``wandb.init(id=<id>, resume="allow")``) instead of starting another. W&B keeps the
+    first value logged at a step: after a hard kill, the steps the killed attempt logged
+    past its last checkpoint keep that attempt's values (the ``file`` logger marks them).
 
     The run is finished (``run.finish()``) in :meth:`close`, which is safe to call twice.
     To log without a W&B account or network, set ``WANDB_MODE=offline`` (or pass
@@ -58,7 +64,7 @@ class WandBLogger(TrackerDestination):
             ``settings``, ``reinit``, ...); they override the arguments above.
 
     Raises:
-        ImportError: ``wandb`` is not installed (at construction, and at ``INIT``), naming
+        ImportError: ``wandb`` is not installed (at construction, and when the run starts), naming
             ``pip install wandb``.
         ValueError: ``init_kwargs`` holds ``config`` (log it with ``log_hyperparameters``, or
             the Trainer's ``hyperparameters``, instead).
@@ -69,6 +75,7 @@ class WandBLogger(TrackerDestination):
     """
 
     package = "wandb"
+    keeps_run_id = True
 
     def __init__(
         self,
@@ -97,6 +104,7 @@ class WandBLogger(TrackerDestination):
         self.dir = dir
         self.init_kwargs = init_kwargs
         self._run: Any = None
+        self._run_id: Optional[str] = None
         self._finished = False
         self._pending_config: dict[str, Any] = {}
         self._pending_metrics: list[tuple[dict[str, Any], Optional[int]]] = []
@@ -127,15 +135,22 @@ class WandBLogger(TrackerDestination):
             "project": self.project, "entity": self.entity, "name": name, "tags": self.tags,
             "group": group, "dir": folder,
         }
+        if self.resume_id is not None:  # the checkpoint's run: continue it
+            kwargs.update(id=self.resume_id, resume="allow")
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         kwargs.update(self.init_kwargs)
         return kwargs
+
+    def run_id_to_resume(self) -> Optional[str]:
+        """The W&B run's id (kept in checkpoints), once the run started."""
+        return self._run_id
 
     def _start(self, state: State) -> None:
         if self._run is not None or self._finished or not self._enabled():
             return
         wandb = self.import_package()
         self._run = wandb.init(config=self._pending_config or None, **self._init_kwargs(state))
+        self._run_id = str(self._run.id)
         self._pending_config = {}
         pending, self._pending_metrics = self._pending_metrics, []
         for metrics, step in pending:
@@ -150,6 +165,7 @@ class WandBLogger(TrackerDestination):
     # -- LoggerDestination ----------------------------------------------------------------
     def log_metrics(self, metrics: Mapping[str, Any], step: Optional[int] = None) -> None:
         """Send ``metrics`` to the run at ``step`` (tensors are read here)."""
+        self._start_after_init()
         if not self._enabled() or self._finished or not metrics:
             return
         values = {str(key): to_python(value) for key, value in metrics.items()}
@@ -160,6 +176,7 @@ class WandBLogger(TrackerDestination):
 
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         """Merge ``hyperparameters`` into the run's config (``run.config.update``)."""
+        self._start_after_init()
         if not self._enabled() or self._finished:
             return
         config = jsonable(dict(hyperparameters))
@@ -168,12 +185,13 @@ class WandBLogger(TrackerDestination):
         else:
             self._run.config.update(config, allow_val_change=True)
 
-    # -- events (INIT and FIT_START start the run: TrackerDestination) ----------------------
+    # -- events (AFTER_LOAD and FIT_START start the run: TrackerDestination) ---------------
     def close(self) -> None:
         """Finish the W&B run (``run.finish()``), flushing what was logged. Safe to call twice.
 
-        Metrics logged but never sent (no ``INIT`` ever fired) are dropped.
+        Metrics logged but never sent (the run never started) are dropped.
         """
+        self._start_after_init()
         self._pending_metrics = []
         self._pending_config = {}
         if self._run is not None:

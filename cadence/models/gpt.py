@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import pickle
 from typing import Any, Iterator, Mapping, Optional, Union
 
 import torch
@@ -35,7 +36,8 @@ from transformers import (
 )
 
 from cadence.models.huggingface import HuggingFaceModel
-from cadence.config.arg_checks import arg_checks, arg_relation, at_least
+from cadence.models.peft import check_peft_arg, peft_config_from_dict
+from cadence.config.arg_checks import Check, arg_checks, arg_relation, at_least
 from cadence.config.registry import models
 from cadence.utils.packages import resolve_package_path
 
@@ -232,12 +234,27 @@ def gpt2(
     return HuggingFaceModel(model, tokenizer=_resolve_tokenizer(tokenizer))
 
 
+def _refused_weights_message(path: str, exc: BaseException) -> str:
+    """What to say when ``from_pretrained`` met a pickle that ``weights_only`` refused: the
+    weight files it could have read (``*.bin``), and that nothing in them ran."""
+    files = sorted(name for name in os.listdir(path) if name.endswith(".bin")) \
+        if os.path.isdir(path) else []
+    named = ", ".join(os.path.join(path, name) for name in files) or path
+    reason = str(exc).split("WeightsUnpickler error:", 1)[-1].split("Check the", 1)[0].strip()
+    return (f"hf_pretrained: the weights in {named} hold objects a weights file must not hold "
+            f"({reason or 'refused by torch.load(weights_only=True)'}); they were not loaded "
+            f"and nothing in them ran. Use safetensors weights (model.safetensors) from a source "
+            f"you trust.")
+
+
 def _nearest_divisor(n: int, near: int) -> int:
     divisors = [k for k in range(1, n + 1) if n % k == 0]
     return min(divisors, key=lambda k: (abs(k - near), k))
 
 
 @models.register("hf_pretrained")
+@arg_checks(peft=Check(check_peft_arg, "a peft config mapping: {peft_type: LORA, r: 8, "
+                                      "lora_alpha: 16, target_modules: [...]}"))
 def hf_pretrained(
     pretrained_model_name_or_path: Union[str, os.PathLike],
     task: str = "causal_lm",
@@ -248,6 +265,8 @@ def hf_pretrained(
     torch_dtype: Optional[str] = None,
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
+    peft: Optional[dict[str, Any]] = None,
+    should_save_peft_only: bool = True,
 ) -> HuggingFaceModel:
     """A pretrained ``transformers`` model from a local directory, with a head for ``task``.
 
@@ -285,6 +304,14 @@ def hf_pretrained(
             GPU).
         trust_remote_code: run modelling code shipped in the checkpoint directory (custom
             architectures). Off unless set: it executes that code.
+        peft: adapters to train on the frozen model (:mod:`cadence.models.peft`), e.g.
+            ``{peft_type: LORA, r: 8, lora_alpha: 16, target_modules: [q_proj, v_proj],
+            lora_dropout: 0.05}`` (GPT-2: ``target_modules: [c_attn]`` with
+            ``fan_in_fan_out: true``); a key the config class lacks is refused when the run
+            file is checked. Needs ``pip install 'cadence[peft]'``. With ``peft`` the base
+            loads now on every rank (``init_device: meta`` is not streamed yet).
+        should_save_peft_only: with ``peft``, checkpoints hold only the adapters and their
+            optimizer state, and record this directory and its weight files' CRC32C.
 
     Returns:
         The model wrapped in a :class:`HuggingFaceModel` with its task's default metrics.
@@ -323,6 +350,10 @@ def hf_pretrained(
     if init_device not in (None, "meta"):
         raise ValueError(f"hf_pretrained: init_device={init_device!r}; allowed: None (load "
                          "now), 'meta' (stream each rank's shards after sharding).")
+    peft_config = None
+    if peft is not None:
+        peft_config = peft_config_from_dict(peft, "hf_pretrained: peft")
+        init_device = None  # peft wraps real weights; streaming into adapters is not built
     dtype = _resolve_torch_dtype(torch_dtype)
     _check_attn_implementation(attn_implementation)
     auto_class = AutoModelForCausalLM if task == "causal_lm" else AutoModelForSequenceClassification
@@ -337,8 +368,11 @@ def hf_pretrained(
         with _parameters_on_meta():
             model = auto_class.from_config(config, dtype=dtype, **common)
     else:
-        model = auto_class.from_pretrained(path, local_files_only=local_files_only, dtype=dtype,
-                                           **common, **extra)
+        try:
+            model = auto_class.from_pretrained(path, local_files_only=local_files_only,
+                                               dtype=dtype, **common, **extra)
+        except pickle.UnpicklingError as exc:  # torch.load(weights_only=True) refused a file
+            raise ValueError(_refused_weights_message(path, exc)) from None
 
     tokenizer: Any = None
     if tokenizer_name_or_path is not None:
@@ -356,7 +390,10 @@ def hf_pretrained(
     if task == "sequence_classification" and pad_id is not None \
             and getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = pad_id
-    wrapped = HuggingFaceModel(model, tokenizer=tokenizer)
+    if peft_config is not None:
+        model.name_or_path = path  # what an adapter-only checkpoint records as the base
+    wrapped = HuggingFaceModel(model, tokenizer=tokenizer, peft_config=peft_config,
+                               should_save_peft_only=should_save_peft_only)
     if init_device == "meta":
         model.eval()  # as from_pretrained returns it (the Trainer switches modes itself)
         wrapped.stream_pretrained_from(path)

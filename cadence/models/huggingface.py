@@ -12,6 +12,7 @@ import copy
 import inspect
 import logging
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional, Union
 
@@ -134,6 +135,16 @@ class HuggingFaceModel(ComposerModel):
             output to metrics, which its language metrics then unpack). With ``True``,
             single-label logits ``[batch, 1]`` (regression heads) are squeezed to ``[batch]``
             for the metrics, as in Composer. Default ``False``.
+        peft_config: a ``peft.PeftConfig`` (``peft.LoraConfig(r=8, lora_alpha=16,
+            target_modules=[...])``; LoRA, DoRA or IA3), or the same as a mapping with
+            ``peft_type``: the model is wrapped with ``peft.get_peft_model``, its base
+            weights frozen and only the adapters trained (:mod:`cadence.models.peft`). Needs
+            ``pip install 'cadence[peft]'``. Default ``None``: no adapters.
+        should_save_peft_only: with ``peft_config`` (Composer's flag, default ``True``),
+            checkpoints hold only the trainable parameters and their optimizer state; the
+            frozen base is rebuilt from where it came from, whose name or path and weights'
+            CRC32C the checkpoint records (:attr:`peft_base`), so a resume onto other base
+            weights is refused. Ignored without ``peft_config``.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``, or a metric is not a torchmetrics Metric.
@@ -152,6 +163,8 @@ class HuggingFaceModel(ComposerModel):
         shift_labels: Optional[bool] = None,
         allow_embedding_resizing: bool = False,
         use_logits: bool = False,
+        peft_config: Optional[Any] = None,
+        should_save_peft_only: bool = True,
     ) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
@@ -191,7 +204,27 @@ class HuggingFaceModel(ComposerModel):
         else:
             self._eval_metrics = self._default_eval_metrics()
 
+        self.peft_base: Optional[dict[str, Any]] = None
+        self.should_save_peft_only = bool(should_save_peft_only)
+        if peft_config is not None:
+            from cadence.models.peft import base_identity, wrap_with_peft
+
+            if self.should_save_peft_only:
+                self.peft_base = base_identity(model)
+            self.model = wrap_with_peft(model, peft_config)
         self._layer_classes = self._find_layer_classes()
+
+    @property
+    def uses_peft(self) -> bool:
+        """Whether the wrapped model is a ``peft.PeftModel`` (adapters on a frozen base)."""
+        peft = sys.modules.get("peft")
+        return peft is not None and isinstance(self.model, peft.PeftModel)
+
+    @property
+    def saves_adapters_only(self) -> bool:
+        """Whether checkpoints hold only the trainable parameters (``peft_config`` with
+        ``should_save_peft_only``); read by :mod:`cadence.checkpoint.checkpoint`."""
+        return self.uses_peft and self.should_save_peft_only
 
     # ----------------------------------------------------------------- construction
 

@@ -19,7 +19,7 @@ from cadence.optim.scheduler import ComposerScheduler, scheduler_multiplier
 if TYPE_CHECKING:
     from cadence.core.state import State
 
-__all__ = ["compile_scheduler"]
+__all__ = ["compile_scheduler", "trainable_parameters"]
 
 optimizers.register("adamw", torch.optim.AdamW)
 optimizers.register("adam", torch.optim.Adam)
@@ -30,6 +30,13 @@ for _adam in (torch.optim.AdamW, torch.optim.Adam):
                        betas=each(in_interval(0.0, 1.0)))
 declare_arg_checks(torch.optim.SGD, lr=at_least(0.0), momentum=at_least(0.0),
                    weight_decay=at_least(0.0))
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """``model``'s parameters that train (``requires_grad``): what the Trainer's default
+    optimizer and a run file's optimizer are built over, so frozen weights (a ``peft``
+    model's base) get no optimizer state and never appear in a checkpoint's optimizer."""
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def compile_scheduler(

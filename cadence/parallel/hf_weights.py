@@ -46,10 +46,11 @@ from typing import Iterator, Optional
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+
+from cadence.utils.dtensor import local_chunk
 
 __all__ = ["CheckpointFiles", "CheckpointKeyError", "LoadReport", "find_checkpoint_files",
-           "load_hf_weights", "local_chunk", "safe_open"]
+           "load_hf_weights", "safe_open"]
 
 log = logging.getLogger(__name__)
 
@@ -157,40 +158,6 @@ class LoadReport:
     files_opened: list[str] = field(default_factory=list)
 
 
-def local_chunk(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """This rank's part of ``tensor`` and where it starts in the full tensor.
-
-    Args:
-        tensor: a plain tensor (the whole tensor is local) or a DTensor (FSDP2 ``Shard``,
-            TP ``Shard``/``Replicate``, FSDP x TP ``_StridedShard``; each rank's part is a
-            rectangle of the full tensor).
-
-    Returns:
-        ``(local, offsets)``: the local tensor, sharing the parameter's storage (write into
-        it in place), and the global index of its first element along each dimension.
-
-    Raises:
-        ValueError: the placements give a local shape other than the local tensor's (a
-            layout this loader cannot slice).
-    """
-    if not isinstance(tensor, DTensor):
-        return tensor, (0,) * tensor.dim()
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    local = tensor.to_local()
-    shape, offsets = compute_local_shape_and_global_offset(
-        tensor.shape, tensor.device_mesh, tensor.placements)
-    if tuple(shape) != tuple(local.shape):
-        raise ValueError(
-            f"Cannot slice a checkpoint into a DTensor with placements {tensor.placements}: "
-            f"the local shape {tuple(local.shape)} is not {tuple(shape)}."
-        )
-    if len(offsets) != tensor.dim():  # a rank outside the mesh holds nothing
-        offsets = (0,) * tensor.dim()
-    return local, tuple(int(o) for o in offsets)
-
-
-# ----------------------------------------------------------------------------- key plan
 @dataclass
 class _Target:
     names: list[str]            # every model name of this tensor (tied aliases)
@@ -430,5 +397,12 @@ def _load_bin_from_rank0(model: nn.Module, files: CheckpointFiles,
 
 
 def _torch_load(path: str) -> dict[str, torch.Tensor]:
-    """A ``.bin`` state dict, memory-mapped, without running code from the pickle."""
-    return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    """A ``.bin`` state dict, memory-mapped, without running code from the pickle.
+
+    Raises:
+        CheckpointError: the file holds objects a weights file must not hold, or is not a
+            ``torch.save`` file (the message names it; nothing in it ran).
+    """
+    from cadence.checkpoint.checkpoint import safe_torch_load
+
+    return safe_torch_load(path, mmap=True)

@@ -60,6 +60,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cadence.utils import dist
+from cadence.utils.dtensor import local_chunk
 
 __all__ = ["materialize_and_init", "init_hook", "check_init_hook", "has_meta_tensors",
            "LayoutInvariantRandom", "shared_parameters", "retie_parameters"]
@@ -140,7 +141,7 @@ class LayoutInvariantRandom(TorchDispatchMode):
     on a plain tensor of the DTensor's global shape on its local device, and the local
     shard is overwritten with this rank's slice of it (``distribute_tensor(...,
     src_data_rank=None)``: no communication). Everything else runs unchanged. Each such
-    op allocates one full tensor for its duration.
+    op allocates one full tensor for its duration (the shard is copied from a view of it).
 
     Source: PyTorch ``TorchDispatchMode``; DTensor's random-op rule
     (``torch/distributed/tensor/_random.py``), here made independent of the generator.
@@ -155,10 +156,14 @@ class LayoutInvariantRandom(TorchDispatchMode):
             local = target._local_tensor
             full = torch.empty(target.shape, dtype=target.dtype, device=local.device)
             func(full, *args[1:], **kwargs)
-            piece = distribute_tensor(full, target.device_mesh, target.placements,
-                                      src_data_rank=None).to_local()
-            del full
+            try:  # this rank's rectangle of the full tensor, copied from a view: no 2nd copy
+                local, offsets = local_chunk(target)
+                piece = full[tuple(slice(o, o + n) for o, n in zip(offsets, local.shape))]
+            except ValueError:  # a layout that is not one rectangle per rank
+                piece = distribute_tensor(full, target.device_mesh, target.placements,
+                                          src_data_rank=None).to_local()
             local.copy_(piece)
+            del full, piece
             return target
         return func(*args, **kwargs)
 

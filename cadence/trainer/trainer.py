@@ -32,7 +32,7 @@ from cadence.trainer.fit_args import FitChanges, fit_changes
 from cadence.loggers.logger import Logger
 from cadence.loggers.logger_destination import LoggerDestination
 from cadence.core.data_spec import batch_to_device, num_samples, slice_batch, split_batch
-from cadence.optim.optimizers import compile_scheduler
+from cadence.optim.optimizers import compile_scheduler, trainable_parameters
 from cadence.parallel import (
     ParallelPlan, data_parallel_rank, data_parallel_size, parallelize, parse_parallelism_config,
     remap_optimizer_params, unwrap_model,
@@ -402,7 +402,7 @@ class Trainer:
     def _build_optimizers(self, optimizers: list[Any], schedulers: list[Any]) -> None:
         state = self.state
         if not optimizers:
-            optimizers = [torch.optim.AdamW(state.model.parameters(), lr=1e-3)]
+            optimizers = [torch.optim.AdamW(trainable_parameters(state.model), lr=1e-3)]
         state.optimizers = optimizers
         state.schedulers = [compile_scheduler(s, optimizers[0], state, self.scale_schedule_ratio)
                             for s in schedulers]

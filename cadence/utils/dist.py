@@ -123,8 +123,25 @@ def initialize_dist(device: str | torch.device = "cpu", timeout: float = 600.0) 
     backend = "nccl" if device_type == "cuda" else "gloo"
     if device_type == "cuda":
         torch.cuda.set_device(get_local_rank())
-    torch_dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
+    torch_dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout),
+                                  **_restart_store(timeout))
     destroy_process_group_at_exit()
+
+
+def _restart_store(timeout: float) -> dict[str, Any]:
+    """The store of a group torchrun restarted (``TORCHELASTIC_RESTART_COUNT > 0``) on the
+    agent's store: its keys under ``attempt_<n>/``, since that store outlives the attempts
+    and the dead attempt's keys (gloo's addresses, NCCL's unique id) would be read back and
+    fail the new group (``Gloo connectFullMesh failed ... Connection refused``). Else ``{}``
+    (``init_process_group``'s own ``env://``)."""
+    attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    if attempt <= 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    client = torch_dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                 is_master=False,
+                                 timeout=datetime.timedelta(seconds=timeout))
+    return {"store": torch_dist.PrefixStore(f"attempt_{attempt}", client),
+            "rank": _env_int("RANK", 0), "world_size": _env_int("WORLD_SIZE", 1)}
 
 
 _exit_hook_registered = False

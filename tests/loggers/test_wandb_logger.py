@@ -201,6 +201,7 @@ class FakeRun:
         self.config.update = lambda values, allow_val_change=False: self.config.data.update(values)
         self.logged: list[tuple[dict[str, Any], Optional[int]]] = []
         self.finished = 0
+        self.id = kwargs.get("id", "fake-id")
 
     def log(self, metrics: dict[str, Any], step: Optional[int] = None) -> None:
         self.logged.append((metrics, step))
@@ -225,6 +226,12 @@ def _state(tmp_path: Path) -> State:
     return State(model=torch.nn.Linear(1, 1), run_name="fake", save_folder=str(tmp_path))
 
 
+def _begin(wandb_logger: WandBLogger, state: State, logger: Logger) -> None:
+    """``INIT`` then ``AFTER_LOAD``, as the Trainer fires them (the run starts at the second)."""
+    wandb_logger.init(state, logger)
+    wandb_logger.after_load(state, logger)
+
+
 def test_buffers_until_init_converts_tensors_and_finishes_once(
         fake_wandb: list[FakeRun], tmp_path: Path) -> None:
     state = _state(tmp_path)
@@ -232,8 +239,8 @@ def test_buffers_until_init_converts_tensors_and_finishes_once(
     logger = Logger(state, [wandb_logger])
     logger.log_hyperparameters({"lr": torch.tensor(0.5)})
     logger.log_metrics({"early": 1.0}, step=0)
-    assert fake_wandb == []  # nothing starts before INIT
-    wandb_logger.init(state, logger)
+    assert fake_wandb == []  # nothing starts before the Trainer loaded its checkpoint
+    _begin(wandb_logger, state, logger)
     (run,) = fake_wandb
     assert run.init_kwargs == {"name": "shown", "group": "g", "dir": str(tmp_path),
                                "mode": "disabled", "config": {"lr": 0.5}}
@@ -255,12 +262,12 @@ def test_dir_argument_wins_over_wandb_dir(fake_wandb: list[FakeRun], tmp_path: P
     state = _state(tmp_path / "save")
     for wandb_logger, expected in ((WandBLogger(dir=str(tmp_path / "mine")), tmp_path / "mine"),
                                    (WandBLogger(), tmp_path / "scratch")):
-        wandb_logger.init(state, Logger(state, [wandb_logger]))
+        _begin(wandb_logger, state, Logger(state, [wandb_logger]))
         assert fake_wandb[-1].init_kwargs["dir"] == str(expected)
         assert expected.is_dir()
     monkeypatch.setenv("WANDB_DIR", "")  # empty: unset, the save folder is used
     wandb_logger = WandBLogger()
-    wandb_logger.init(state, Logger(state, [wandb_logger]))
+    _begin(wandb_logger, state, Logger(state, [wandb_logger]))
     assert fake_wandb[-1].init_kwargs["dir"] == str(tmp_path / "save")
 
 
@@ -270,12 +277,12 @@ def test_rank_zero_only(fake_wandb: list[FakeRun], tmp_path: Path,
     monkeypatch.setenv("WORLD_SIZE", "2")
     state = _state(tmp_path)
     quiet = WandBLogger()
-    quiet.init(state, Logger(state, [quiet]))
+    _begin(quiet, state, Logger(state, [quiet]))
     quiet.log_metrics({"x": 1.0}, step=1)
     quiet.close()
     assert fake_wandb == []
     every_rank = WandBLogger(rank_zero_only=False)
-    every_rank.init(state, Logger(state, [every_rank]))
+    _begin(every_rank, state, Logger(state, [every_rank]))
     (run,) = fake_wandb
     assert run.init_kwargs["name"] == "fake-rank1" and run.init_kwargs["group"] == "fake"
 
@@ -288,9 +295,27 @@ def test_missing_wandb_says_how_to_install(monkeypatch: pytest.MonkeyPatch,
         WandBLogger()
     state = _state(tmp_path)
     with pytest.raises(ImportError, match="pip install wandb"):
-        wandb_logger.init(state, Logger(state, [wandb_logger]))
+        _begin(wandb_logger, state, Logger(state, [wandb_logger]))
 
 
 def test_rejects_config_in_init_kwargs() -> None:
     with pytest.raises(ValueError, match="hyperparameters"):
         WandBLogger(init_kwargs={"config": {"a": 1}})
+
+
+def test_a_resumed_run_continues_the_checkpoints_wandb_run(fake_wandb: list[FakeRun],
+                                                            tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    wandb_logger = WandBLogger()
+    logger = Logger(state, [wandb_logger])
+    wandb_logger.init(state, logger)
+    (carrier,) = [c for c in state.callbacks if type(c).__name__ == "TrackerRunState"]
+    carrier.load_state_dict({"logger": "WandBLogger", "run_name": "fake", "run_id": "abc123"})
+    wandb_logger.after_load(state, logger)
+    (run,) = fake_wandb
+    assert run.init_kwargs["id"] == "abc123" and run.init_kwargs["resume"] == "allow"
+    assert carrier.state_dict()["run_id"] == "abc123"  # kept in the next checkpoint
+    wandb_logger.close()
+    fresh = WandBLogger()
+    _begin(fresh, state, Logger(state, [fresh]))
+    assert "id" not in fake_wandb[-1].init_kwargs and "resume" not in fake_wandb[-1].init_kwargs

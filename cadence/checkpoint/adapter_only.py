@@ -1,0 +1,74 @@
+"""Adapter-only checkpoints: the trainable parameters, and the frozen base they need.
+
+A model whose ``saves_adapters_only`` is true (a :class:`~cadence.models.HuggingFaceModel`
+with ``peft_config`` and ``should_save_peft_only``) is saved without its frozen parameters
+(``StateDictOptions(ignore_frozen_params=True)``): the adapters, their optimizer state and
+everything resume needs. The metadata's ``adapter_only`` entry names the frozen base (name
+or path, and a CRC32C of its weights: the model's ``peft_base``); loading such a checkpoint
+checks the adapter set strictly and refuses a model whose base differs, naming both.
+
+Duck-typed on the model: nothing here imports ``cadence.models``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from torch import nn
+
+__all__ = ["METADATA_KEY", "adapter_metadata", "base_mismatch", "saves_adapters_only"]
+
+METADATA_KEY = "adapter_only"
+"""The checkpoint metadata key: ``{"base": {"name_or_path", "crc32c", "over"}}``."""
+
+
+def _inner(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model) if type(model).__name__ == \
+        "DistributedDataParallel" else model
+
+
+def saves_adapters_only(model: nn.Module) -> bool:
+    """Whether ``model``'s checkpoints leave its frozen parameters out."""
+    return bool(getattr(_inner(model), "saves_adapters_only", False))
+
+
+def adapter_metadata(model: nn.Module) -> dict[str, Any]:
+    """``{"adapter_only": {"base": ...}}`` for the checkpoint metadata, or ``{}``."""
+    if not saves_adapters_only(model):
+        return {}
+    return {METADATA_KEY: {"base": dict(getattr(_inner(model), "peft_base", None) or {})}}
+
+
+def _describe(base: dict[str, Any]) -> str:
+    crc = base.get("crc32c")
+    what = f"CRC32C {crc} of its {base.get('over', 'weights')}" if crc else "no checksum"
+    return f"{base.get('name_or_path') or '(unnamed)'} ({what})"
+
+
+def base_mismatch(path: Path, metadata: dict[str, Any], model: nn.Module) -> Optional[str]:
+    """Why the adapter-only checkpoint at ``path`` cannot load into ``model``, or None (also
+    for a checkpoint that is not adapter-only).
+
+    Refused: a model that does not train adapters, and a base whose CRC32C differs from the
+    recorded one (both named). A base without a checksum (built on the meta device) is
+    compared by name only.
+    """
+    saved = metadata.get(METADATA_KEY)
+    if not saved:
+        return None
+    base = dict(saved.get("base") or {})
+    if not saves_adapters_only(model):
+        return (f"{path} is an adapter-only checkpoint (frozen base {_describe(base)}), but this "
+                f"run's model saves all its weights: build it with the same peft_config and "
+                f"should_save_peft_only=True, on that base.")
+    mine = dict(getattr(_inner(model), "peft_base", None) or {})
+    same_crc = base.get("crc32c") == mine.get("crc32c") and base.get("over") == mine.get("over")
+    if base.get("crc32c") and mine.get("crc32c") and same_crc:
+        return None
+    if not (base.get("crc32c") and mine.get("crc32c")) and \
+            base.get("name_or_path") == mine.get("name_or_path"):
+        return None
+    return (f"{path} holds adapters trained on the base {_describe(base)}, but this run's base "
+            f"is {_describe(mine)}: the adapters would be applied to other weights. Resume on "
+            f"the checkpoint's base (pretrained_model_name_or_path), or start a new run.")

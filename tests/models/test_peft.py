@@ -1,0 +1,208 @@
+"""LoRA through ``peft``: ``HuggingFaceModel(peft_config=...)``, ``hf_pretrained``'s ``peft``,
+trainable-only optimizer, adapter-only checkpoints (size, exact resume, base identity) and
+FSDP2 on two gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+pytest.importorskip("peft")
+
+from peft import LoraConfig  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+from cadence import Trainer, dist  # noqa: E402
+from cadence.checkpoint import CheckpointError  # noqa: E402
+from cadence.loggers import InMemoryLogger  # noqa: E402
+from cadence.models import HuggingFaceModel  # noqa: E402
+from tests.common.events import StopAt  # noqa: E402
+
+VOCAB, SEQ, GLOBAL_BATCH, BATCHES_PER_EPOCH = 64, 12, 4, 4
+
+
+def base_model(seed: int = 0, n_embd: int = 256, dropout: float = 0.1) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=n_embd, n_layer=2, n_head=2,
+                        use_cache=False, bos_token_id=None, eos_token_id=None,
+                        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+    model = GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"
+    return model
+
+
+def lora(dropout: float = 0.1) -> LoraConfig:
+    # GPT-2's attention is a Conv1D (weights stored transposed): fan_in_fan_out
+    return LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"], lora_dropout=dropout,
+                      fan_in_fan_out=True, task_type="CAUSAL_LM")
+
+
+def lora_model(seed: int = 0, dropout: float = 0.1, save_peft_only: bool = True,
+               adapter_seed: int = 1) -> HuggingFaceModel:
+    base = base_model(seed, dropout=dropout)
+    torch.manual_seed(adapter_seed)
+    return HuggingFaceModel(base, peft_config=lora(dropout),
+                            should_save_peft_only=save_peft_only)
+
+
+class Counting(Dataset):
+    """Sequences whose next token is the last + 1 (mod ``VOCAB``)."""
+
+    def __init__(self) -> None:
+        gen = torch.Generator().manual_seed(7)
+        starts = torch.randint(0, VOCAB, (BATCHES_PER_EPOCH * GLOBAL_BATCH, 1), generator=gen)
+        self.ids = (starts + torch.arange(SEQ)) % VOCAB
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def run(folder: Path, model: HuggingFaceModel, stop_at: Optional[int] = None,
+        autoresume: bool = False, fmt: str = "full", fsdp: bool = False,
+        max_duration: str = "8ba") -> tuple[dict[int, float], Trainer]:
+    data = Counting()
+    loader = DataLoader(data, batch_size=GLOBAL_BATCH // dist.get_world_size(),
+                        sampler=dist.get_sampler(data, shuffle=True, seed=3, drop_last=True))
+    memory = InMemoryLogger()
+    trainer = Trainer(
+        model=model, train_dataloader=loader, max_duration=max_duration, seed=11,
+        device_train_microbatch_size=1, loggers=[memory], log_interval="1ba",
+        callbacks=[] if stop_at is None else [StopAt(stop_at)], progress_bar=False,
+        run_name="lora", save_folder=str(folder), save_interval="100ba",
+        save_state_dict_type=fmt, autoresume=autoresume,
+        parallelism_config={"fsdp": {"state_dict_type": fmt}} if fsdp else None,
+    )
+    trainer.fit()
+    trainer.close()
+    return dict(zip(*memory.steps_and_values("loss/train/total"))), trainer
+
+
+def size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() \
+        else path.stat().st_size
+
+
+def test_lora_freezes_the_base_and_the_optimizer_sees_only_adapters(tmp_path: Path) -> None:
+    model = lora_model()
+    assert model.uses_peft and model.saves_adapters_only
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    assert model.peft_base is not None and model.peft_base["crc32c"] is not None
+    frozen_before = {n: p.detach().clone() for n, p in model.named_parameters()
+                     if not p.requires_grad}
+    _, trainer = run(tmp_path, model, max_duration="3ba")
+    optimized = [p for group in trainer.state.optimizers[0].param_groups for p in group["params"]]
+    assert len(optimized) == len(trainable) and all(p.requires_grad for p in optimized)
+    for name, param in model.named_parameters():  # the base is bit-identical after training
+        if name in frozen_before:
+            assert torch.equal(param, frozen_before[name]), name
+
+
+def test_missing_peft_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "peft", None)
+    with pytest.raises(ImportError, match=r"pip install 'cadence\[peft\]'"):
+        HuggingFaceModel(base_model(), peft_config={"peft_type": "LORA", "r": 4})
+
+
+def test_run_file_peft_key_refused_at_value_stage(tmp_path: Path) -> None:
+    from cadence.config.arg_checks import check_arg_values
+    from cadence.models.gpt import hf_pretrained
+
+    problems = check_arg_values(hf_pretrained, {
+        "pretrained_model_name_or_path": str(tmp_path),
+        "peft": {"peft_type": "LORA", "r": 8, "lora_alpah": 16}})
+    assert len(problems) == 1 and problems[0][0] == "peft"
+    assert "lora_alpah" in problems[0][1] and "lora_alpha" in problems[0][1]
+    problems = check_arg_values(hf_pretrained, {
+        "pretrained_model_name_or_path": str(tmp_path), "peft": {"peft_type": "PREFIX"}})
+    assert "PREFIX" in problems[0][1]
+
+
+def test_hf_pretrained_with_peft_records_the_base_directory(tmp_path: Path) -> None:
+    from cadence.models.gpt import hf_pretrained
+
+    base_model().save_pretrained(tmp_path / "base")
+    model = hf_pretrained(tmp_path / "base", init_device="meta", peft={
+        "peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["c_attn"],
+        "lora_dropout": 0.05, "fan_in_fan_out": True})
+    assert model.uses_peft and model.peft_base["over"] == "weight files"
+    assert model.peft_base["name_or_path"] == str(tmp_path / "base")
+    assert not any(p.is_meta for p in model.parameters())
+
+
+def test_child_tuning_refuses_peft(tmp_path: Path) -> None:
+    from cadence.algorithms.child_tuning import ChildTuning
+
+    with pytest.raises(ValueError, match="ChildTuning cannot train a peft model"):
+        Trainer(model=lora_model(), train_dataloader=DataLoader(Counting(), batch_size=4),
+                max_duration="1ba", algorithms=[ChildTuning(mode="F")], progress_bar=False)
+
+
+@pytest.mark.parametrize("fmt", ["full", "sharded"])
+def test_adapter_only_checkpoint_resumes_exactly_and_is_small(tmp_path: Path, fmt: str) -> None:
+    whole, _ = run(tmp_path / "a", lora_model(), fmt=fmt)
+    first, _ = run(tmp_path / "b", lora_model(), stop_at=3, fmt=fmt)
+    checkpoint = next(p for p in (tmp_path / "b").iterdir() if p.name.startswith("ep"))
+    resumed, trainer = run(tmp_path / "b", lora_model(), autoresume=True, fmt=fmt)
+    assert min(resumed) == 4 and trainer.state.timestamp.batch == 8
+    for step in range(1, 9):
+        got = first[step] if step <= 3 else resumed[step]
+        assert got == whole[step], f"step {step}: {got!r} != {whole[step]!r} (bit-exact)"
+    run(tmp_path / "c", lora_model(save_peft_only=False), stop_at=3, fmt=fmt)
+    full = next(p for p in (tmp_path / "c").iterdir() if p.name.startswith("ep"))
+    print(f"{fmt}: adapter-only {size(checkpoint)} B, full {size(full)} B")
+    assert size(checkpoint) < 0.05 * size(full)
+
+
+def test_resume_onto_another_base_is_refused(tmp_path: Path) -> None:
+    run(tmp_path, lora_model(seed=0), stop_at=2)
+    checkpoint = next(p for p in tmp_path.iterdir() if p.name.startswith("ep"))
+    saved = lora_model(seed=0).peft_base["crc32c"]
+    other = lora_model(seed=5)
+    with pytest.raises(CheckpointError) as err:
+        Trainer(model=other, train_dataloader=DataLoader(Counting(), batch_size=4),
+                max_duration="4ba", load_path=str(checkpoint), progress_bar=False)
+    message = str(err.value)
+    assert saved in message and other.peft_base["crc32c"] in message
+    assert "adapters trained on the base" in message
+
+
+def _two_ranks(folder: str) -> None:
+    """LoRA under FSDP2: the base sharded and frozen, adapters trained, adapter-only sharded
+    checkpoint resumed exactly."""
+    from torch.distributed.tensor import DTensor
+
+    root = Path(folder)
+    model = lora_model(dropout=0.0)
+    losses, trainer = run(root / "whole", model, fmt="sharded", fsdp=True)
+    base = {n: p for n, p in model.named_parameters() if not p.requires_grad}
+    assert base and all(isinstance(p, DTensor) for p in base.values())
+    reference = lora_model(dropout=0.0)  # same seeds: the base it started from
+    for name, param in reference.named_parameters():
+        if not param.requires_grad:
+            assert torch.equal(base[name].full_tensor(), param), name
+    run(root / "b", lora_model(dropout=0.0), stop_at=3, fmt="sharded", fsdp=True)
+    resumed, _ = run(root / "b", lora_model(dropout=0.0), autoresume=True, fmt="sharded",
+                     fsdp=True)
+    assert all(resumed[s] == losses[s] for s in range(4, 9)), (resumed, losses)
+    if dist.get_global_rank() == 0:
+        (root / "losses.json").write_text(json.dumps({str(k): v for k, v in losses.items()}))
+
+
+def test_lora_fsdp_two_ranks_matches_one_process(tmp_path: Path) -> None:
+    from tests.common.distributed import run_in_processes
+
+    run_in_processes(2, __file__, "_two_ranks", {"folder": str(tmp_path)})
+    two: dict[str, Any] = json.loads((tmp_path / "losses.json").read_text())
+    one, _ = run(tmp_path / "one", lora_model(dropout=0.0))
+    for step, loss in one.items():
+        assert abs(two[str(step)] - loss) < 1e-5, (step, two[str(step)], loss)
