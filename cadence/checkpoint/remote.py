@@ -239,6 +239,30 @@ class RemoteFolder:
                 self.fs.rm(key, recursive=recursive)
         self._refresh()
 
+    def move_aside(self, name: str) -> str:
+        """Move checkpoint ``name`` to ``<name>.rejected-<UTC time>`` in the folder, never
+        deleting its data: object stores have no rename, so every object is copied first,
+        then the marker is removed (it is no candidate any more), then the originals. A crash
+        part way leaves a copy and, at worst, an unmarked original (kept, never resumed
+        from). Returns the new name.
+
+        Raises:
+            OSError: the store could not be written (the checkpoint is then left as it was,
+                or copied and still in place).
+        """
+        from cadence.checkpoint.files import REJECTED_MARK
+
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        new = f"{name}{REJECTED_MARK}{stamp}"
+        key, new_key = self._key(name), self._key(new)
+        sources = [k for k in self.fs.find(key) if k != key] if self.fs.isdir(key) else [key]
+        self.fs.copy(sources, [new_key + k[len(key):] for k in sources])
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(key + COMPLETE_SUFFIX)
+        self.fs.rm(sources)
+        self._refresh()
+        return new
+
     def inspect_unmarked(self, name: str) -> tuple[Optional[dict[str, Any]], Optional[str]]:
         """Whether the objects of ``name``, which has no marker, are a complete checkpoint:
         downloaded into the stage and checked (every file against its checksums, which must

@@ -91,6 +91,14 @@ def _set_aside(path: Path) -> str:
         return f"{path} (could not be moved aside: {exc})"
 
 
+def _set_aside_remote(remote: RemoteFolder, name: str) -> str:
+    """:func:`_set_aside` for a remote folder's checkpoint ``name``."""
+    try:
+        return f"{remote.url_of(name)} -> {remote.move_aside(name)}"
+    except OSError as exc:
+        return f"{remote.url_of(name)} (could not be moved aside: {exc})"
+
+
 def newest_intact_remote_checkpoint(remote: RemoteFolder, latest_filename: str,
                                     run_name: Optional[str],
                                     require_checksums: bool = True) -> Optional[str]:
@@ -98,7 +106,10 @@ def newest_intact_remote_checkpoint(remote: RemoteFolder, latest_filename: str,
     newest checkpoint of ``run_name`` with a completion marker that downloads and passes its
     checksums (the copy stays in the stage for the load). First, an unmarked checkpoint of
     the run that passes its checksums gets its marker back
-    (:meth:`~cadence.checkpoint.remote.RemoteFolder.repair_markers`). Rank-local.
+    (:meth:`~cadence.checkpoint.remote.RemoteFolder.repair_markers`). When an earlier
+    checkpoint passes, the rejected newer ones are moved aside in the store
+    (:meth:`~cadence.checkpoint.remote.RemoteFolder.move_aside`, never deleted) and the
+    pointer is moved to the one resumed from, as for a local folder. Rank-local (rank 0).
 
     Raises:
         CheckpointError: as :func:`newest_intact_checkpoint`.
@@ -107,6 +118,7 @@ def newest_intact_remote_checkpoint(remote: RemoteFolder, latest_filename: str,
 
     remote.repair_markers(run_name)  # a lost marker never condemns a checkpoint that verifies
     rejected: list[str] = []
+    rejected_names: list[str] = []
     for name in remote.candidates(latest_filename, run_name):
         try:
             verify(remote.download(name), require=require_checksums)
@@ -114,10 +126,14 @@ def newest_intact_remote_checkpoint(remote: RemoteFolder, latest_filename: str,
             remove_checkpoint(remote.stage / "loaded" / name)  # the rejected copy
             log.warning("Autoresume rejects checkpoint %s: %s", remote.url_of(name), exc)
             rejected.append(f"{remote.url_of(name)}: {exc}")
+            rejected_names.append(name)
             continue
         if rejected:
+            moved = [_set_aside_remote(remote, bad) for bad in rejected_names]
+            remote.write_latest(latest_filename, name)
             log.warning("Autoresume falls back to %s, the newest checkpoint of run %s that "
-                        "passes its checksums.", remote.url_of(name), run_name)
+                        "passes its checksums; the rejected checkpoints were moved aside, not "
+                        "deleted: %s.", remote.url_of(name), run_name, ", ".join(moved))
         return remote.url_of(name)
     if rejected:
         raise CheckpointError(

@@ -135,6 +135,12 @@ def test_unmarked_or_corrupt_checkpoint_is_never_loaded(s3_folder: str, tmp_path
     _assert_same(_weights(resumed), _weights(reference))
     assert f"ep0-ba4{COMPLETE_SUFFIX}" in s3_ls(s3_folder)  # its marker rewritten
     assert "ep0-ba2" in s3_ls(s3_folder)  # the incomplete one is kept, not deleted
+    # the rejected ba6 was moved aside in the bucket (never deleted), its bad bit with it,
+    # and the resumed run's own ba6 took its name
+    assert "moved aside, not deleted" in caplog.text
+    aside = [n for n in s3_ls(s3_folder) if n.startswith("ep0-ba6.rejected-")]
+    assert len(aside) == 1 and f"ep0-ba6{COMPLETE_SUFFIX}" in s3_ls(s3_folder)
+    assert bytes(fs.cat_file(_key(f"{s3_folder}/{aside[0]}/__0_0.distcp"))) == bytes(data)
 
 
 @pytest.mark.parametrize("fmt", ["full", "sharded"])
