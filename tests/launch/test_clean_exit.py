@@ -10,8 +10,9 @@ too) and let gloo's threads finish before finalization
 (:func:`cadence.utils.dist.release_process_groups`).
 
 Each launch runs with a busy CPU beside it (the race is likelier under load). The issue's
-figure is 30 launches each of a DDP and an FSDP2 script; on a shared 2-core machine the
-regular test runs :data:`LAUNCHES` each (``CADENCE_EXIT_LAUNCHES=30`` for the full count).
+figure is 30 launches each of a DDP and an FSDP2 script (FSDP2 x TP added here); on a shared
+2-core machine the regular test runs :data:`LAUNCHES` each (``CADENCE_EXIT_LAUNCHES=30`` for
+the full count).
 """
 
 from __future__ import annotations
@@ -35,11 +36,22 @@ from tests.common.models import SimpleModel
 
 mode, ending = sys.argv[1], sys.argv[2]
 gen = torch.Generator().manual_seed(0)
-data = TensorDataset(torch.randn(64, 8, generator=gen), torch.randint(0, 3, (64,), generator=gen))
-loader = DataLoader(data, batch_size=4, sampler=dist.get_sampler(data))
-trainer = Trainer(model=SimpleModel(), train_dataloader=loader, max_duration="6ba",
+if mode == "fsdp_tp":  # FSDP2 x TP on a (1, 2) mesh: every rank sees the same samples
+    from cadence.models.gpt import gpt2
+    ids = torch.randint(0, 32, (64, 8), generator=gen)
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    loader = DataLoader(data, batch_size=4)
+    model = gpt2(n_layer=1, n_head=2, n_embd=16, vocab_size=32, max_seq_len=8)
+    parallelism = {"fsdp": {}, "tp": {"tensor_parallel_degree": 2}}
+else:
+    data = TensorDataset(torch.randn(64, 8, generator=gen),
+                         torch.randint(0, 3, (64,), generator=gen))
+    loader = DataLoader(data, batch_size=4, sampler=dist.get_sampler(data))
+    model = SimpleModel()
+    parallelism = {"fsdp": {}} if mode == "fsdp" else None
+trainer = Trainer(model=model, train_dataloader=loader, max_duration="6ba",
                   device="cpu", progress_bar=False, eval_dataloader=loader, eval_interval="3ba",
-                  parallelism_config={"fsdp": {}} if mode == "fsdp" else None)
+                  parallelism_config=parallelism)
 trainer.fit()
 if ending == "close":
     trainer.eval()  # eval() after fit(): the groups are still there
@@ -59,7 +71,7 @@ def launch(tmp_path: Path, mode: str, ending: str) -> subprocess.CompletedProces
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+@pytest.mark.parametrize("mode", ["ddp", "fsdp", "fsdp_tp"])
 def test_a_finished_run_started_from_a_script_never_aborts_at_exit(
     tmp_path: Path, mode: str
 ) -> None:
