@@ -131,6 +131,15 @@ def loadavg() -> str:
         return "n/a"
 
 
+def check_minimums(parser: Any, args: Any, minimums: dict[str, int]) -> None:
+    """``parser.error`` (exit 2) naming the first flag below its minimum: ``minimums`` maps
+    an ``args`` attribute (``log_interval``) to the least value its flag (``--log-interval``)
+    takes."""
+    for name, least in minimums.items():
+        if getattr(args, name) < least:
+            parser.error(f"--{name.replace('_', '-')} must be at least {least}")
+
+
 def quantile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile of ``values`` (linear interpolation; ``q`` in [0, 1])."""
     ordered = sorted(values)

@@ -35,7 +35,9 @@ from typing import Callable, Optional
 if str(Path(__file__).resolve().parent) not in sys.path:  # _common, _arms: also via importlib
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _arms import ARM_TITLES, ARMS, MODEL_SIZES, build_arm, make_batches, set_threads  # noqa: E402
-from _common import REPO, child_env, format_table, loadavg, measure_command  # noqa: E402
+from _common import (  # noqa: E402
+    REPO, check_minimums, child_env, format_table, loadavg, measure_command,
+)  # noqa: E402
 
 __all__ = ["child", "measure", "report", "parse_args", "main"]
 
@@ -134,11 +136,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--quiet", action="store_true", help="no per-trial progress lines")
     parser.add_argument("--child", choices=ARMS, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("trials", "threads", "log_interval"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.warmup < 0:
-        parser.error("--warmup must be at least 0")
+    check_minimums(parser, args, {"trials": 1, "threads": 1, "log_interval": 1, "warmup": 0})
     return args
 
 

@@ -64,7 +64,7 @@ from _arms import (  # noqa: E402
     model_description,
     set_threads,
 )
-from _common import REPO, format_table, loadavg, quantile  # noqa: E402
+from _common import REPO, check_minimums, format_table, loadavg, quantile  # noqa: E402
 
 __all__ = ["ArmResult", "steady_state", "profile_arm", "report", "parse_args", "main"]
 
@@ -246,11 +246,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         if moved is not None:
             parser.error(f"{flag.split('=')[0]} moved: use benchmarks/{moved}")
     args = parser.parse_args(argv)
-    for name in ("rounds", "steps", "threads", "log_interval"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.warmup < 0:
-        parser.error("--warmup must be at least 0")
+    check_minimums(parser, args,
+                   {"rounds": 1, "steps": 1, "threads": 1, "log_interval": 1, "warmup": 0})
     return args
 
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 if str(Path(__file__).resolve().parent) not in sys.path:  # _common, _arms: also via importlib
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _arms import LR, build_hf_model_plain, set_threads  # noqa: E402
-from _common import REPO, child_env, format_table, loadavg, quantile  # noqa: E402
+from _common import REPO, check_minimums, child_env, format_table, loadavg, quantile  # noqa: E402
 
 __all__ = ["PROCESS_ARMS", "PROCESS_MODEL", "PROCESS_BATCH_SIZE", "process_child",
            "process_rounds", "process_report", "parse_args", "main"]
@@ -197,11 +197,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--quiet", action="store_true", help="no per-round progress lines")
     parser.add_argument("--child", choices=PROCESS_ARMS, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("rounds", "steps", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
-    if args.warmup < 0:
-        parser.error("--warmup must be at least 0")
+    check_minimums(parser, args, {"rounds": 1, "steps": 1, "threads": 1, "warmup": 0})
     return args
 
 
