@@ -19,11 +19,12 @@ from cadence._lazy import lazy_exports
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each is imported on first use
     from cadence import (
-        algorithms, callbacks, checkpoint, config, core, data, devices, dist, launch, loggers,
-        loss, metrics, models, optim, parallel, trainer, utils,
+        algorithms, callbacks, checkpoint, config, core, data, devices, dist, functional, launch,
+        loggers, loss, metrics, models, optim, parallel, profiler, trainer, utils,
     )
     from cadence.core.algorithm import Algorithm
     from cadence.core.callback import Callback
+    from cadence.core.data_spec import DataSpec
     from cadence.core.engine import Engine
     from cadence.core.evaluator import Evaluator
     from cadence.core.event import Event
@@ -39,11 +40,12 @@ from cadence._version import __version__
 #: Subpackages, imported on first attribute access (``cadence.optim``).
 SUBPACKAGES = (
     "algorithms", "callbacks", "checkpoint", "config", "core", "data", "devices", "dist",
-    "launch", "loggers", "loss", "metrics", "models", "optim", "parallel", "trainer", "utils",
+    "functional", "launch", "loggers", "loss", "metrics", "models", "optim", "parallel",
+    "profiler", "trainer", "utils",
 )
 
 __all__ = [
-    "Algorithm", "Callback", "ComposerModel", "Engine", "Evaluator", "Event", "Logger",
+    "Algorithm", "Callback", "ComposerModel", "DataSpec", "Engine", "Evaluator", "Event", "Logger",
     "LoggerDestination", "State", "Time", "TimeUnit", "Timestamp", "Trainer", "__version__",
     *SUBPACKAGES,
 ]
@@ -52,6 +54,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "Algorithm": "cadence.core.algorithm",
     "Callback": "cadence.core.callback",
     "ComposerModel": "cadence.models.base",
+    "DataSpec": "cadence.core.data_spec",
     "Engine": "cadence.core.engine",
     "Evaluator": "cadence.core.evaluator",
     "Event": "cadence.core.event",

@@ -284,12 +284,17 @@ def _add_convert(subparsers: argparse._SubParsersAction) -> None:
         help="export a checkpoint (to Hugging Face format, or to one full file)",
         description="Export a full or sharded checkpoint: --to hf writes model.safetensors, "
                     "config.json and the tokenizer for from_pretrained; --to full merges a "
-                    "sharded checkpoint into one file.",
+                    "sharded checkpoint into one file. A full .pt written by Composer 0.32 is "
+                    "accepted too (--to full makes it a cadence checkpoint, with checksums).",
     )
-    convert.add_argument("checkpoint", help="a full .pt file or a sharded checkpoint directory "
-                                            "(or its URL: s3://bucket/runs/x/ep1-ba8)")
+    convert.add_argument("checkpoint", help="a full .pt file (cadence's or Composer's) or a "
+                                            "sharded checkpoint directory (or its URL: "
+                                            "s3://bucket/runs/x/ep1-ba8)")
     convert.add_argument("--to", choices=("hf", "full"), required=True, help="output format")
     convert.add_argument("out", help="output directory (hf) or file (full); a URL uploads it")
+    convert.add_argument("--merge", action="store_true",
+                         help="with --to hf, for a LoRA/peft run: write the adapter merged into "
+                              "the base (a full model) instead of the peft adapter folder")
     convert.set_defaults(func=_convert)
 
 
@@ -337,8 +342,12 @@ def _convert(args: argparse.Namespace) -> int:
 
     try:  # either may be a URL (s3://...): downloaded / written locally, then uploaded
         with fetched(args.checkpoint) as checkpoint, uploaded(args.out) as target:
-            convert = to_huggingface if args.to == "hf" else to_full
-            convert(checkpoint, target)
+            if args.merge and args.to != "hf":
+                raise ValueError("--merge goes with --to hf (a merged Hugging Face model).")
+            if args.to == "hf":
+                to_huggingface(checkpoint, target, merge=args.merge)
+            else:
+                to_full(checkpoint, target)
         out = args.out
     except (CheckpointError, ValueError, OSError) as exc:
         print(f"cadence convert: {exc}", file=sys.stderr)
@@ -374,6 +383,15 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     from cadence.trainer.preemption import Preempted
 
+    state = trainer.state
+    if state.max_duration is not None and state.reached(state.max_duration):
+        # a relaunched job whose run already finished (autoresume): nothing left to train;
+        # succeed, as a job restarted by its scheduler should (fit() itself would raise
+        # Composer's "No training would occur")
+        print(f"cadence train: run {state.run_name!r} already reached max_duration "
+              f"{state.max_duration}; nothing to train.", file=sys.stderr)
+        trainer.close()
+        return 0
     try:
         trainer.fit()
     except Preempted as exc:  # checkpointed and closed: exit as the signal would (143 ...)

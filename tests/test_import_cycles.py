@@ -47,7 +47,7 @@ PACKAGE = REPO / "cadence"
 CORE_ALLOWED = frozenset({"cadence._lazy"})
 #: Rule 2: plug-ins never import the Trainer.
 PLUGIN_PACKAGES = ("cadence.algorithms", "cadence.callbacks", "cadence.loggers",
-                   "cadence.models")
+                   "cadence.models", "cadence.profiler")
 
 
 # ----------------------------------------------------------------------------- the graph

@@ -1,56 +1,94 @@
 """Algorithms: each module holds a functional form and a thin :class:`~cadence.Algorithm`.
 
-Registered names (YAML ``algorithms:`` keys): ``activation_checkpointing``, ``child_tuning``,
-``ema``, ``gradient_clipping``, ``mixed_precision``. Each is imported on first use; the
-registry imports them all on its first look-up (:data:`_REGISTERING_MODULES`).
+Composer 0.32.1's 28 algorithms plus cadence's own (``activation_checkpointing``,
+``child_tuning``, ``mixed_precision``), one module each under Composer's module name
+(``cadence.algorithms.label_smoothing`` ...). The functional forms are also collected in
+:mod:`cadence.functional`. Each module is imported on first use of one of its names; the
+registry (YAML ``algorithms:`` keys, each module's snake-case name) imports them all on its
+first look-up (:data:`_REGISTERING_MODULES`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from cadence._lazy import lazy_exports
 
-if TYPE_CHECKING:
-    from cadence.algorithms.activation_checkpointing import (
-        ActivationCheckpointing, apply_activation_checkpointing, remove_activation_checkpointing,
-    )
-    from cadence.algorithms.child_tuning import (
-        ChildTuning, child_tuning_d_mask_, child_tuning_f_mask_, fisher_information, fisher_mask,
-        top_fraction_threshold,
-    )
-    from cadence.algorithms.ema import EMA, compute_ema, smoothing_from_half_life
-    from cadence.algorithms.gradient_clipping import (
-        ClippingType, GradientClipping, apply_gradient_clipping,
-    )
-    from cadence.algorithms.mixed_precision import MixedPrecision
-
-__all__ = [
-    "ActivationCheckpointing", "ChildTuning", "ClippingType", "EMA", "GradientClipping",
-    "MixedPrecision", "apply_activation_checkpointing", "apply_gradient_clipping",
-    "child_tuning_d_mask_", "child_tuning_f_mask_", "compute_ema", "fisher_information",
-    "fisher_mask", "remove_activation_checkpointing", "smoothing_from_half_life",
-    "top_fraction_threshold",
-]
-
+#: public name -> the module that defines it
 _LAZY = {
     "ActivationCheckpointing": "cadence.algorithms.activation_checkpointing",
-    "apply_activation_checkpointing": "cadence.algorithms.activation_checkpointing",
-    "remove_activation_checkpointing": "cadence.algorithms.activation_checkpointing",
+    "Alibi": "cadence.algorithms.alibi",
+    "AugmentAndMixTransform": "cadence.algorithms.augmix",
+    "AugMix": "cadence.algorithms.augmix",
+    "BlurPool": "cadence.algorithms.blurpool",
+    "ChannelsLast": "cadence.algorithms.channels_last",
     "ChildTuning": "cadence.algorithms.child_tuning",
+    "ClippingType": "cadence.algorithms.gradient_clipping",
+    "ColOut": "cadence.algorithms.colout",
+    "ColOutTransform": "cadence.algorithms.colout",
+    "CutMix": "cadence.algorithms.cutmix",
+    "CutOut": "cadence.algorithms.cutout",
+    "EMA": "cadence.algorithms.ema",
+    "Factorize": "cadence.algorithms.factorize",
+    "GatedLinearUnits": "cadence.algorithms.gated_linear_units",
+    "GhostBatchNorm": "cadence.algorithms.ghost_batchnorm",
+    "GradientClipping": "cadence.algorithms.gradient_clipping",
+    "GyroDropout": "cadence.algorithms.gyro_dropout",
+    "LabelSmoothing": "cadence.algorithms.label_smoothing",
+    "LayerFreezing": "cadence.algorithms.layer_freezing",
+    "LowPrecisionGroupNorm": "cadence.algorithms.low_precision_groupnorm",
+    "LowPrecisionLayerNorm": "cadence.algorithms.low_precision_layernorm",
+    "MixedPrecision": "cadence.algorithms.mixed_precision",
+    "MixUp": "cadence.algorithms.mixup",
+    "NoOpModel": "cadence.algorithms.no_op_model",
+    "ProgressiveResizing": "cadence.algorithms.progressive_resizing",
+    "RandAugment": "cadence.algorithms.randaugment",
+    "RandAugmentTransform": "cadence.algorithms.randaugment",
+    "SAM": "cadence.algorithms.sam",
+    "SAMOptimizer": "cadence.algorithms.sam",
+    "SelectiveBackprop": "cadence.algorithms.selective_backprop",
+    "SeqLengthWarmup": "cadence.algorithms.seq_length_warmup",
+    "SqueezeExcite": "cadence.algorithms.squeeze_excite",
+    "SqueezeExcite2d": "cadence.algorithms.squeeze_excite",
+    "SqueezeExciteConv2d": "cadence.algorithms.squeeze_excite",
+    "StochasticDepth": "cadence.algorithms.stochastic_depth",
+    "SWA": "cadence.algorithms.swa",
+    "WeightStandardization": "cadence.algorithms.weight_standardization",
+    "apply_activation_checkpointing": "cadence.algorithms.activation_checkpointing",
+    "apply_alibi": "cadence.algorithms.alibi",
+    "apply_blurpool": "cadence.algorithms.blurpool",
+    "apply_channels_last": "cadence.algorithms.channels_last",
+    "apply_factorization": "cadence.algorithms.factorize",
+    "apply_gated_linear_units": "cadence.algorithms.gated_linear_units",
+    "apply_ghost_batchnorm": "cadence.algorithms.ghost_batchnorm",
+    "apply_gradient_clipping": "cadence.algorithms.gradient_clipping",
+    "apply_gyro_dropout": "cadence.algorithms.gyro_dropout",
+    "apply_low_precision_groupnorm": "cadence.algorithms.low_precision_groupnorm",
+    "apply_low_precision_layernorm": "cadence.algorithms.low_precision_layernorm",
+    "apply_squeeze_excite": "cadence.algorithms.squeeze_excite",
+    "apply_stochastic_depth": "cadence.algorithms.stochastic_depth",
+    "apply_weight_standardization": "cadence.algorithms.weight_standardization",
+    "augmix_image": "cadence.algorithms.augmix",
     "child_tuning_d_mask_": "cadence.algorithms.child_tuning",
     "child_tuning_f_mask_": "cadence.algorithms.child_tuning",
+    "colout_batch": "cadence.algorithms.colout",
+    "compute_ema": "cadence.algorithms.ema",
+    "cutmix_batch": "cadence.algorithms.cutmix",
+    "cutout_batch": "cadence.algorithms.cutout",
     "fisher_information": "cadence.algorithms.child_tuning",
     "fisher_mask": "cadence.algorithms.child_tuning",
-    "top_fraction_threshold": "cadence.algorithms.child_tuning",
-    "EMA": "cadence.algorithms.ema",
-    "compute_ema": "cadence.algorithms.ema",
+    "freeze_layers": "cadence.algorithms.layer_freezing",
+    "mixup_batch": "cadence.algorithms.mixup",
+    "randaugment_image": "cadence.algorithms.randaugment",
+    "remove_activation_checkpointing": "cadence.algorithms.activation_checkpointing",
+    "resize_batch": "cadence.algorithms.progressive_resizing",
+    "select_using_loss": "cadence.algorithms.selective_backprop",
+    "set_batch_sequence_length": "cadence.algorithms.seq_length_warmup",
+    "should_selective_backprop": "cadence.algorithms.selective_backprop",
+    "smooth_labels": "cadence.algorithms.label_smoothing",
     "smoothing_from_half_life": "cadence.algorithms.ema",
-    "ClippingType": "cadence.algorithms.gradient_clipping",
-    "GradientClipping": "cadence.algorithms.gradient_clipping",
-    "apply_gradient_clipping": "cadence.algorithms.gradient_clipping",
-    "MixedPrecision": "cadence.algorithms.mixed_precision",
+    "top_fraction_threshold": "cadence.algorithms.child_tuning",
 }
+
+__all__ = sorted(_LAZY)
 
 #: The modules whose import registers the algorithms in
 #: :data:`cadence.config.registry.algorithms` (the registry imports them on first look-up).

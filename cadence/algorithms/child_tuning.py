@@ -470,7 +470,7 @@ class ChildTuning(Algorithm):
             fisher = fisher_information(
                 state.model, _agreed_batches(state.train_dataloader, limit, device),
                 module.loss, self._params, state.device_train_microbatch_size,
-                lambda: get_precision_context(Precision(state.precision), device))
+                lambda: get_precision_context(Precision(state.precision), device=device))
         with torch.no_grad():  # BatchNorm statistics: as if the pass had not run
             for buffer, saved in zip(module.buffers(), buffers):
                 buffer.copy_(saved)

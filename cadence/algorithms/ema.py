@@ -153,7 +153,7 @@ class EMA(Algorithm):
                         Event.EVAL_BEFORE_ALL, Event.EVAL_AFTER_ALL, Event.FIT_END})
 
     def __init__(self, half_life: Optional[str] = None, smoothing: Optional[float] = None,
-                 update_interval: Optional[str] = None, ema_start: str = "0.0dur") -> None:
+                 ema_start: str = "0.0dur", update_interval: Optional[str] = None) -> None:
         if half_life is not None and smoothing is not None:
             raise ValueError("Give either half_life or smoothing to EMA, not both.")
         if smoothing is not None and not 0.0 <= float(smoothing) < 1.0:

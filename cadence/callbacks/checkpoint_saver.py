@@ -9,25 +9,28 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from cadence.checkpoint.async_save import AsyncCheckpointer
 from cadence.checkpoint.checkpoint import FORMATS, CheckpointError, read_metadata, save_checkpoint
 from cadence.checkpoint.files import (
-    NONFINITE_SUFFIX, TMP_MARK, format_name, read_latest, remove_checkpoint, write_latest,
+    DEFAULT_FILENAME, DEFAULT_LATEST, NONFINITE_SUFFIX, TMP_MARK, format_name, name_template,
+    pointer_template, read_latest, remove_checkpoint, write_latest,
 )
 from cadence.checkpoint.finite import FirstNonFinite, NonFiniteStateError, nonfinite_state
 from cadence.checkpoint.remote import RemoteFolder
 from cadence.checkpoint.run_folder import RunFolder
-from cadence.core import Callback, Event, State, Time, TimeUnit
+from cadence.core import Callback, Event, State, Time, Timestamp, TimeUnit
 from cadence.utils import dist
 
 __all__ = ["CheckpointSaver"]
 
 log = logging.getLogger(__name__)
 
-SaveInterval = Union[str, Time, Callable[[State, Event], bool]]
+SaveInterval = Union[str, int, Time, Callable[[State, Event], bool]]
 
 
 class CheckpointSaver(Callback):
@@ -35,39 +38,50 @@ class CheckpointSaver(Callback):
     when training ends.
 
     Args:
-        folder: where checkpoints go; ``{run_name}`` is filled in. Default ``runs/{run_name}``.
-            An fsspec URL (``s3://bucket/runs/{run_name}``) saves to object storage: each
-            checkpoint is written to a local stage, uploaded, then marked complete, then
-            pointed at (:mod:`~cadence.checkpoint.remote`). Or the run's
-            :class:`~cadence.checkpoint.run_folder.RunFolder` (the Trainer passes its own).
-        filename: checkpoint name, with ``{run_name}``, ``{epoch}``, ``{batch}``, ``{rank}``;
-            a ``full`` checkpoint gets ``.pt`` appended when missing, a ``sharded`` one is a
-            directory. Default ``ep{epoch}-ba{batch}``.
-        latest_filename: the pointer file naming the newest complete checkpoint, moved only
-            once a save is complete on every rank (autoresume reads it). Default
-            ``latest-{run_name}``. A name ending in ``.pt`` (Composer's
-            ``latest-rank{rank}.pt``) is taken as ``symlink_filename`` instead, and the
-            pointer keeps its default name.
-        save_interval: a Time string (``"1ep"``, ``"500ba"``, ``"0.25dur"``) or a callable
-            ``(state, event) -> bool`` (e.g. from
+        folder: where checkpoints go; ``{run_name}`` is filled in. Default Composer's
+            ``{run_name}/checkpoints``. An fsspec URL (``s3://bucket/runs/{run_name}``)
+            saves to object storage: each checkpoint is written to a local stage, uploaded,
+            then marked complete, then pointed at (:mod:`~cadence.checkpoint.remote`). Or the
+            run's :class:`~cadence.checkpoint.run_folder.RunFolder` (the Trainer passes its own).
+        filename: checkpoint name, with ``{run_name}``, ``{epoch}``, ``{batch}``, ``{rank}``
+            (rank 0's: one file for the run). Default Composer's
+            ``ep{epoch}-ba{batch}-rank{rank}.pt``. A ``full`` checkpoint gets ``.pt``
+            appended when missing; a ``sharded`` one is a folder named without ``.pt`` and
+            ``-rank{rank}`` (by default ``ep{epoch}-ba{batch}``, Composer's folder name).
+        remote_file_name: the name under which each checkpoint is handed to
+            ``logger.upload_file`` (only when a destination stores files), with the
+            ``filename`` fields; default Composer's
+            ``{run_name}/checkpoints/ep{epoch}-ba{batch}-rank{rank}.pt`` (a sharded folder is
+            uploaded file by file under the name without ``.pt``); None: no upload.
+        latest_filename: Composer's symlink to the newest checkpoint, ``{rank}`` filled in
+            (rank 0 writes it). Default ``latest-rank{rank}.pt``; None for none. cadence's
+            own ``latest`` pointer (a text file, moved only once a save is complete on
+            every rank; what autoresume reads) is named ``latest-{run_name}`` beside it. A
+            name not ending in ``.pt`` names that pointer instead (cadence's older API).
+        latest_remote_file_name: after each upload, a ``<name>.symlink`` file holding the
+            uploaded checkpoint's name is uploaded under this name (Composer's remote
+            "symlink"); default ``{run_name}/checkpoints/latest-rank{rank}.pt``; None: none.
+        save_interval: a Time string (``"1ep"``, ``"500ba"``, ``"0.25dur"``), an int (epochs)
+            or a callable ``(state, event) -> bool`` (e.g. from
             :func:`~cadence.utils.create_interval_scheduler`). Default ``"1ep"``.
+        overwrite: replace an existing checkpoint of the same name; else raise.
         num_checkpoints_to_keep: keep this many newest checkpoints locally (``-1``: all;
             ``0``: none, as in Composer: each checkpoint is handed to the logger
             destinations that store files, then deleted locally; autoresume then has
             nothing local to resume from). In a remote ``folder``: this many in the bucket
             (``0`` is refused there: it would delete each checkpoint as it is written).
-        overwrite: replace an existing checkpoint of the same name; else raise.
         weights_only: save the model (and metadata) only.
+        ignore_keys: what to leave out of each ``full`` checkpoint: glob patterns over its
+            ``/``-joined key paths (``state/model/*.bias``, ``state/optimizers``, ``rng``),
+            or a callable that edits the checkpoint dict in place (Composer's); applied to
+            Composer's layout (:mod:`~cadence.checkpoint.layout`). Not with ``sharded`` or
+            ``save_async``.
+        num_concurrent_uploads, upload_timeout_in_seconds: Composer's settings of its own
+            uploader, kept as attributes; cadence uploads through the run's remote folder or
+            its logger destinations (e.g. ``RemoteUploaderDownloader``), which have theirs.
         state_dict_type: ``full`` (one file, gathered on rank 0) or ``sharded`` (DCP).
         metadata: extra metadata stored with each checkpoint (the Trainer adds the run's config).
-        symlink_filename: for ``full`` checkpoints, a symlink in ``folder`` to the newest
-            one, named as Composer names it; ``{rank}`` is filled in (rank 0 writes it).
-            Default ``latest-rank{rank}.pt``; ``None`` for none.
-        remote_file_name: the name under which each checkpoint is handed to
-            ``logger.upload_file`` (only when a destination stores files), with the
-            ``filename`` fields; default Composer's
-            ``{run_name}/checkpoints/ep{epoch}-ba{batch}-rank{rank}`` (``.pt`` added for a
-            full file; a sharded directory is uploaded file by file under it).
+        symlink_filename: the symlink's name when ``latest_filename`` names the pointer.
         save_async: write checkpoints in the background
             (:class:`~cadence.checkpoint.async_save.AsyncCheckpointer`): the loop
             waits only while the state is copied to CPU memory; at most one save is in
@@ -88,28 +102,40 @@ class CheckpointSaver(Callback):
             then refused at ``INIT`` (nothing would be left to resume from).
 
     Attributes (Composer's names):
-        folder, filename, latest_filename, remote_file_name: the templates above.
+        folder, filename, remote_file_name, latest_remote_file_name: the templates above.
+        latest_filename: the ``latest`` pointer's template (``latest-{run_name}``);
+            ``symlink_filename`` is Composer's ``latest-rank{rank}.pt``.
         save_interval: ``(state, event) -> bool``, whether to save on that event.
-        saved_checkpoints: local paths of the checkpoints this run saved and kept, oldest
-            first.
-        num_checkpoints_to_keep, weights_only, overwrite: as given.
+        saved_checkpoints: local paths (URLs in a remote folder) of the checkpoints this run
+            saved and kept, oldest first.
+        all_saved_checkpoints_to_timestamp: name -> :class:`~cadence.core.Timestamp` of
+            every checkpoint this run saved, rotated out or not (kept in the checkpoints,
+            so a resumed run knows them too).
+        num_checkpoints_to_keep, weights_only, overwrite, ignore_keys: as given.
 
     Raises:
-        ValueError: bad ``save_interval``, ``state_dict_type`` or ``num_checkpoints_to_keep``.
+        ValueError: bad ``save_interval``, ``state_dict_type`` or ``num_checkpoints_to_keep``;
+            ``ignore_keys`` with ``sharded`` or ``save_async``.
         NonFiniteStateError: at save time, the state is not finite (see ``allow_nonfinite``).
         FileExistsError: at save time, the checkpoint exists and ``overwrite`` is False
             (except this run's own checkpoint from beyond the batch it resumed at: an earlier
             attempt died before pointing ``latest`` at it, and it is replaced).
     """
 
-    def __init__(self, folder: Union[str, RunFolder] = "runs/{run_name}",
-                 filename: str = "ep{epoch}-ba{batch}",
-                 latest_filename: str = "latest-{run_name}", save_interval: SaveInterval = "1ep",
-                 num_checkpoints_to_keep: int = -1, overwrite: bool = False,
-                 weights_only: bool = False, state_dict_type: str = "full",
-                 metadata: Optional[dict[str, Any]] = None,
-                 symlink_filename: Optional[str] = "latest-rank{rank}.pt",
-                 remote_file_name: str = "{run_name}/checkpoints/ep{epoch}-ba{batch}-rank{rank}",
+    def __init__(self, folder: Union[str, Path, RunFolder] = "{run_name}/checkpoints",
+                 filename: Union[str, Path] = DEFAULT_FILENAME,
+                 remote_file_name: Optional[Union[str, Path]] = (
+                     "{run_name}/checkpoints/ep{epoch}-ba{batch}-rank{rank}.pt"),
+                 latest_filename: Optional[Union[str, Path]] = DEFAULT_LATEST,
+                 latest_remote_file_name: Optional[Union[str, Path]] = (
+                     "{run_name}/checkpoints/latest-rank{rank}.pt"),
+                 save_interval: SaveInterval = "1ep", *,
+                 overwrite: bool = False, num_checkpoints_to_keep: int = -1,
+                 weights_only: bool = False,
+                 ignore_keys: Optional[Union[list[str], Callable[[dict], None]]] = None,
+                 num_concurrent_uploads: int = 1, upload_timeout_in_seconds: int = 3600,
+                 state_dict_type: str = "full", metadata: Optional[dict[str, Any]] = None,
+                 symlink_filename: Optional[str] = DEFAULT_LATEST,
                  save_async: bool = False, allow_nonfinite: bool = False,
                  autoresume: bool = False) -> None:
         if state_dict_type not in FORMATS:
@@ -118,27 +144,39 @@ class CheckpointSaver(Callback):
         if num_checkpoints_to_keep < -1:
             raise ValueError(f"save_num_checkpoints_to_keep must be -1 (all), 0 (none kept "
                              f"locally) or positive, got {num_checkpoints_to_keep}.")
+        if ignore_keys and (state_dict_type != "full" or save_async):
+            raise ValueError("save_ignore_keys applies to full checkpoints written in the loop; "
+                             "it cannot be combined with save_state_dict_type='sharded' or "
+                             "save_async=True (drop one of them).")
+        folder = str(folder) if isinstance(folder, Path) else folder
         given = folder if isinstance(folder, RunFolder) else None
         if num_checkpoints_to_keep == 0 and (given or RunFolder(folder)).is_remote:
             raise ValueError(f"save_num_checkpoints_to_keep=0 with the remote save_folder "
                              f"{folder} would delete each checkpoint from the bucket right "
                              f"after writing it; use -1 (keep all) or a number >= 1.")
-        if latest_filename.endswith(".pt"):  # Composer's symlink name
-            symlink_filename, latest_filename = latest_filename, "latest-{run_name}"
+        latest = None if latest_filename is None else str(latest_filename)
+        if (latest is None or latest.endswith(".pt")) and symlink_filename == DEFAULT_LATEST:
+            symlink_filename = latest  # Composer's symlink name (None: no symlink)
         self.interval = save_interval if callable(save_interval) else Time.from_input(
             save_interval, TimeUnit.EPOCH)
         self.save_interval: Callable[[State, Event], bool] = (
             save_interval if callable(save_interval) else self._due)
         self.folder = folder.url if isinstance(folder, RunFolder) else folder
-        self.filename = filename
-        self.latest_filename = latest_filename
+        self.filename = str(filename)
+        self.latest_filename = pointer_template(latest)
         self.symlink_filename = symlink_filename
-        self.remote_file_name = remote_file_name
+        self.remote_file_name = None if remote_file_name is None else str(remote_file_name)
+        self.latest_remote_file_name = (None if latest_remote_file_name is None
+                                        else str(latest_remote_file_name))
         self.num_checkpoints_to_keep = num_checkpoints_to_keep
         self.overwrite, self.weights_only = overwrite, weights_only
+        self.ignore_keys = ignore_keys
+        self.num_concurrent_uploads = num_concurrent_uploads
+        self.upload_timeout_in_seconds = upload_timeout_in_seconds
         self.state_dict_type = state_dict_type
         self.metadata = dict(metadata or {})
         self.saved: list[str] = []  # names of the checkpoints this run wrote, oldest first
+        self.all_saved_checkpoints_to_timestamp: dict[str, Timestamp] = {}
         self._last_saved_batch: Optional[int] = None
         self._start_batch = 0  # where this process's training starts (the loaded batch)
         self._fixed_folder = given is not None  # the Trainer's: no template to fill in
@@ -148,6 +186,8 @@ class CheckpointSaver(Callback):
         self.allow_nonfinite = allow_nonfinite
         self.autoresume = autoresume
         self._first_nonfinite = FirstNonFinite()  # the first NaN/inf loss, tracked on device
+        self._symlink_dir: Optional[Path] = None  # remote .symlink files, removed by close()
+        self._symlink_count = 0
 
     @property
     def latest_template(self) -> str:
@@ -264,7 +304,11 @@ class CheckpointSaver(Callback):
             self._async.wait()
 
     def close(self) -> None:
-        """Wait for a background save still in flight (raising its failure); idempotent."""
+        """Wait for a background save still in flight (raising its failure); idempotent.
+        Removes the remote symlink files' temporary folder."""
+        if self._symlink_dir is not None:
+            shutil.rmtree(self._symlink_dir, ignore_errors=True)
+            self._symlink_dir = None
         if self._async is not None:
             self._async.close()
 
@@ -287,9 +331,8 @@ class CheckpointSaver(Callback):
         folder, remote = run_folder.local, run_folder.remote
         fields = dict(run_name=state.run_name, epoch=int(state.timestamp.epoch),
                       batch=int(state.timestamp.batch), rank=0)
-        name = format_name(filename or self.filename, **fields)
-        if self.state_dict_type == "full" and not name.endswith(".pt"):
-            name += ".pt"
+        name = format_name(name_template(filename or self.filename, self.state_dict_type),
+                           **fields)
         path = folder / name
         if not self.allow_nonfinite:
             self._refuse_nonfinite(state, path, weights_only)
@@ -305,13 +348,13 @@ class CheckpointSaver(Callback):
         if self._async is not None:
             self._save_async(state, logger, path, fields, weights_only, upload)
             return path
-        previous = list(self.saved)
-        self.saved = [n for n in self.saved if n != name] + [name]  # so the checkpoint knows it
+        previous, stamps = list(self.saved), dict(self.all_saved_checkpoints_to_timestamp)
+        self._note_saved(name, state)  # before writing, so the checkpoint knows itself
         try:
             save_checkpoint(state, path, self.state_dict_type, weights_only, self.metadata,
-                            upload=upload)
+                            upload=upload, ignore_keys=self.ignore_keys)
         except BaseException:
-            self.saved = previous
+            self.saved, self.all_saved_checkpoints_to_timestamp = previous, stamps
             raise
         self._last_saved_batch = int(state.timestamp.batch)
         self._upload(logger, path, fields)
@@ -397,16 +440,21 @@ class CheckpointSaver(Callback):
         ``latest`` pointer and rotation follow once it is on disk on every rank."""
         assert self._async is not None
         self._async.wait()  # the previous save's rotation is done before this one's list
-        previous = list(self.saved)
-        self.saved = [n for n in self.saved if n != path.name] + [path.name]
+        previous, stamps = list(self.saved), dict(self.all_saved_checkpoints_to_timestamp)
+        self._note_saved(path.name, state)
         try:
             self._async.save(state, path, self.state_dict_type, weights_only, self.metadata,
                              on_written=lambda: self._written(state, logger, path, fields),
                              upload=upload)
         except BaseException:
-            self.saved = previous
+            self.saved, self.all_saved_checkpoints_to_timestamp = previous, stamps
             raise
         self._last_saved_batch = int(state.timestamp.batch)
+
+    def _note_saved(self, name: str, state: State) -> None:
+        """Record checkpoint ``name`` (about to be written) as this run's newest."""
+        self.saved = [n for n in self.saved if n != name] + [name]
+        self.all_saved_checkpoints_to_timestamp[name] = state.timestamp.copy()
 
     def _written(self, state: State, logger: Any, path: Path, fields: dict[str, Any]) -> None:
         """A background save is on disk on every rank (writer thread): upload, pointer,
@@ -421,16 +469,31 @@ class CheckpointSaver(Callback):
                 log.warning("save_num_checkpoints_to_keep=0 and no logger destination stores "
                             "files: checkpoint %s is deleted right after it is written.", path)
             return
-        if dist.get_global_rank() != 0:
+        if dist.get_global_rank() != 0 or self.remote_file_name is None:
             return
-        remote = format_name(self.remote_file_name, **fields)
+        remote = format_name(self.remote_file_name, **fields).lstrip("/")
         if path.is_dir():
+            remote = name_template(remote, "sharded")
             for file in sorted(p for p in path.rglob("*") if p.is_file()):
                 logger.upload_file(f"{remote}/{file.relative_to(path).as_posix()}", file,
                                    overwrite=self.overwrite)
         else:
-            suffix = "" if remote.endswith(".pt") else ".pt"
-            logger.upload_file(remote + suffix, path, overwrite=self.overwrite)
+            remote = name_template(remote, "full")
+            logger.upload_file(remote, path, overwrite=self.overwrite)
+        if self.latest_remote_file_name is not None:
+            self._upload_symlink(logger, remote, fields)
+
+    def _upload_symlink(self, logger: Any, remote: str, fields: dict[str, Any]) -> None:
+        """Upload Composer's remote "symlink": ``<latest_remote_file_name>.symlink``, a text
+        file holding the name ``remote`` of the checkpoint just uploaded."""
+        assert self.latest_remote_file_name is not None
+        name = format_name(self.latest_remote_file_name, **fields).lstrip("/") + ".symlink"
+        if self._symlink_dir is None:  # kept until close(): a destination may upload later
+            self._symlink_dir = Path(tempfile.mkdtemp(prefix="cadence-symlink-"))
+        self._symlink_count += 1
+        file = self._symlink_dir / f"latest.{self._symlink_count}.symlink"
+        file.write_text(remote)
+        logger.upload_file(name, file, overwrite=True)
 
     def _past_resume_point(self, state: State) -> bool:
         """This run resumed from a checkpoint and is now beyond the batch it resumed at."""
@@ -505,7 +568,15 @@ class CheckpointSaver(Callback):
         os.replace(tmp, link)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"saved": list(self.saved)}
+        """The kept checkpoints' names, and Composer's ``all_saved_checkpoints_to_timestamp``
+        as ``[(name, timestamp state dict)]`` (plain data)."""
+        stamps = self.all_saved_checkpoints_to_timestamp
+        return {"saved": list(self.saved), "all_saved_checkpoints_to_timestamp": [
+            (name, ts.state_dict()) for name, ts in stamps.items()]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (or Composer's, which has only the timestamps)."""
         self.saved = list(state.get("saved", []))
+        self.all_saved_checkpoints_to_timestamp = {
+            str(name): Timestamp.from_state_dict(ts)
+            for name, ts in state.get("all_saved_checkpoints_to_timestamp", [])}

@@ -35,13 +35,16 @@ _CUDA_KEYS = {
 }
 
 
-def cuda_memory_report(device: Union[torch.device, int, None] = None) -> dict[str, int]:
+def cuda_memory_report(device: Union[torch.device, int, None] = None,
+                       memory_keys: Optional[dict[str, str]] = None) -> dict[str, int]:
     """The CUDA caching allocator's figures for ``device``, from ``torch.cuda.memory_stats``.
 
     Reading them is host-side bookkeeping: no device synchronisation.
 
     Args:
         device: the CUDA device; default the current one.
+        memory_keys: ``{torch.cuda.memory_stats key: metric name}`` to report instead of the
+            default keys below.
 
     Returns:
         ``allocated_mem``, ``reserved_mem``, ``peak_allocated_mem``, ``peak_reserved_mem``
@@ -52,7 +55,8 @@ def cuda_memory_report(device: Union[torch.device, int, None] = None) -> dict[st
     if not torch.cuda.is_available():
         return {}
     stats = torch.cuda.memory_stats(device)
-    return {name: int(stats[key]) for key, name in _CUDA_KEYS.items() if key in stats}
+    keys = _CUDA_KEYS if memory_keys is None else memory_keys
+    return {name: int(stats[key]) for key, name in keys.items() if key in stats}
 
 
 def _statm_rss_bytes() -> Optional[int]:
@@ -118,6 +122,11 @@ class MemoryMonitor(Callback):
     Reading the figures does not synchronise the device.
 
     Args:
+        memory_keys: Composer's argument: ``{torch.cuda.memory_stats key: metric name}``
+            logged on CUDA runs instead of the default keys above; default ``None``.
+        dist_aggregate_batch_interval: Composer's argument: every this many batches also log
+            ``memory/<name>_avg``, ``_min`` and ``_max`` over all ranks (three all-reduces);
+            default ``None`` (never).
         log_interval: log every this many batches (an ``int`` or ``"10ba"``), plus the first;
             default 10, the Trainer's default ``log_interval``, so memory is logged at the
             same steps as the loss.
@@ -125,12 +134,31 @@ class MemoryMonitor(Callback):
             (default 100).
 
     Raises:
-        ValueError: ``log_interval`` or ``retry_warning_interval`` is not a positive number
-            of batches.
+        ValueError: ``log_interval``, ``retry_warning_interval`` or
+            ``dist_aggregate_batch_interval`` is not a positive number of batches;
+            ``memory_keys`` is not a mapping of strings.
+
+    Unlike Composer (every batch, at ``AFTER_TRAIN_BATCH``), the report is taken at
+    ``BATCH_END`` every ``log_interval`` batches, so the metric files stay the size of the loss's.
     """
 
-    def __init__(self, log_interval: Union[int, str, Time] = 10,
+    def __init__(self, memory_keys: Optional[dict[str, str]] = None,
+                 dist_aggregate_batch_interval: Optional[int] = None,
+                 log_interval: Union[int, str, Time] = 10,
                  retry_warning_interval: int = 100) -> None:
+        if memory_keys is not None and not (
+                isinstance(memory_keys, dict)
+                and all(isinstance(k, str) and isinstance(v, str) for k, v in memory_keys.items())):
+            raise ValueError(f"MemoryMonitor memory_keys must map torch.cuda.memory_stats keys to "
+                             f"metric names (str -> str), got {memory_keys!r}.")
+        if dist_aggregate_batch_interval is not None and (
+                isinstance(dist_aggregate_batch_interval, bool)
+                or not isinstance(dist_aggregate_batch_interval, int)
+                or dist_aggregate_batch_interval < 1):
+            raise ValueError(f"MemoryMonitor dist_aggregate_batch_interval must be an int >= 1 or "
+                             f"None, got {dist_aggregate_batch_interval!r}.")
+        self.memory_keys = memory_keys
+        self.dist_aggregate_batch_interval = dist_aggregate_batch_interval
         interval = Time.from_input(log_interval, TimeUnit.BATCH)
         if interval.unit != TimeUnit.BATCH or interval.value < 1:
             raise ValueError(
@@ -186,9 +214,30 @@ class MemoryMonitor(Callback):
         step = int(state.timestamp.batch)
         if step != 1 and step % self.log_interval != 0:
             return
-        report: dict[str, int] = {}
+        report: dict[str, Any] = {}
         if state.device.type == "cuda":
-            report.update(cuda_memory_report(state.device))
+            report.update(cuda_memory_report(state.device, self.memory_keys))
         report.update(host_memory_report())
+        interval = self.dist_aggregate_batch_interval
+        if interval is not None and step % interval == 0:
+            report.update(_over_ranks(report, state.device))
         if report:
             logger.log_metrics({f"memory/{name}": value for name, value in report.items()})
+
+
+def _over_ranks(report: dict[str, Any], device: torch.device) -> dict[str, float]:
+    """``<name>_avg``, ``_min``, ``_max`` of each figure over all ranks (one all-reduce each;
+    every rank must report the same names, which it does on one kind of device)."""
+    from cadence.utils import dist
+
+    names = sorted(report)
+    values = torch.tensor([float(report[name]) for name in names], dtype=torch.float64,
+                          device=device)
+    out: dict[str, float] = {}
+    for suffix, op in (("avg", "sum"), ("min", "min"), ("max", "max")):
+        reduced = values.clone()
+        dist.all_reduce(reduced, op)
+        if suffix == "avg":
+            reduced /= dist.get_world_size()
+        out.update({f"{name}_{suffix}": float(v) for name, v in zip(names, reduced.tolist())})
+    return out

@@ -1,33 +1,33 @@
-"""The :class:`ProfilerCallback`: ``torch.profiler`` over a schedule of training batches.
+"""The :class:`ProfilerCallback`: cadence's one-object front on Composer's profiler, nameable
+from a run file (``callbacks: {profiler: {...}}``).
 
-Source: PyTorch's ``torch.profiler.profile`` and ``torch.profiler.schedule``; argument names
-from MosaicML Composer's profiler (``composer/profiler``: ``cyclic_schedule(skip_first, wait,
-warmup, active, repeat)`` and ``TorchProfiler(folder, filename, record_shapes,
-profile_memory, with_stack, with_flops, use_gzip)``), as one callback instead of Composer's
-``Profiler`` object plus trace handlers.
+It is a :class:`cadence.profiler.Profiler` with a :func:`~cadence.profiler.cyclic_schedule`
+and a :class:`~cadence.profiler.TorchProfiler` built from flat arguments, and no system
+counters or JSON trace handler: the same implementation as ``Trainer(profiler=Profiler(...))``,
+not a second one. Source: PyTorch's ``torch.profiler``; argument names from MosaicML
+Composer's ``cyclic_schedule`` and ``TorchProfiler``.
 """
 
 from __future__ import annotations
 
-import logging
-import warnings
-from pathlib import Path
+import pathlib
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from cadence.core import Callback
-from cadence.utils.dist import get_global_rank
 from cadence.config.registry import callbacks
+from cadence.profiler.profiler import Profiler
+from cadence.profiler.profiler_schedule import cyclic_schedule
+from cadence.profiler.torch_profiler import TorchProfiler
+from cadence.utils.dist import get_global_rank
 
 if TYPE_CHECKING:
     from cadence.core import State
 
 __all__ = ["ProfilerCallback", "TRACE_HANDLERS"]
 
-log = logging.getLogger(__name__)
-
 #: What a finished profiling window is written as.
 TRACE_HANDLERS = ("chrome", "tensorboard")
 _ACTIVITIES = ("cpu", "cuda")
+_TENSORBOARD_SUFFIX = ".pt.trace.json"  # what TensorBoard's profiler plugin looks for
 
 
 def _non_negative_int(name: str, value: Any, minimum: int = 0) -> int:
@@ -38,34 +38,36 @@ def _non_negative_int(name: str, value: Any, minimum: int = 0) -> int:
 
 
 @callbacks.register("profiler")
-class ProfilerCallback(Callback):
+class ProfilerCallback(Profiler):
     """Profiles training batches with ``torch.profiler`` and writes one trace per window.
 
-    The schedule counts training batches from ``FIT_START`` (``torch.profiler.schedule``):
-    skip ``skip_first`` batches, then ``repeat`` cycles (``0``: until training ends) of
-    ``wait`` idle batches, ``warmup`` batches traced but discarded (the profiler's own
-    start-up cost), and ``active`` batches recorded. At the end of each cycle's active
-    batches the trace is written: as a Chrome/Perfetto trace JSON
-    (``trace_handler="chrome"``; open it in https://ui.perfetto.dev or
-    ``chrome://tracing``) named by ``filename``, or in TensorBoard's profiler-plugin layout
-    (``trace_handler="tensorboard"``: ``<folder>/<worker>.<time>.pt.trace.json``, viewed with
-    ``tensorboard --logdir <folder>`` and the ``torch-tb-profiler`` plugin). A window cut
-    short by the end of training is written when the fit ends.
+    The schedule is Composer's :func:`~cadence.profiler.cyclic_schedule`, counted within
+    each epoch: skip ``skip_first`` batches, then ``repeat`` cycles (``0``: to the end of the
+    epoch) of ``wait`` idle batches, ``warmup`` batches traced but discarded (the profiler's
+    own start-up cost), and ``active`` batches recorded; it starts again each epoch. At the
+    end of each cycle's last active batch (or of an epoch's last batch) the window is
+    written, as a Chrome/Perfetto trace JSON (``trace_handler="chrome"``; open it in
+    https://ui.perfetto.dev or ``chrome://tracing``) named by ``filename``, or for
+    TensorBoard's profiler plugin (``trace_handler="tensorboard"``: the name ends in
+    ``.pt.trace.json``; ``tensorboard --logdir <folder>`` with ``torch-tb-profiler``). A
+    window cut short by the end of training is written when the fit ends.
 
     Only global rank zero profiles unless ``all_ranks=True``; each profiling rank writes
     its own files (``{rank}`` in ``filename``). Paths written are in :attr:`saved_traces`.
+    For event durations and host counters in one JSON trace, use
+    ``Trainer(profiler=Profiler(..., trace_handlers=[JSONTraceHandler(...)]))``.
 
     Args:
-        skip_first: batches to skip before the first cycle (default 0).
+        skip_first: batches to skip at the start of each epoch (default 0).
         wait: idle batches at the start of each cycle (default 0).
         warmup: traced-but-discarded batches before the active ones (default 1).
         active: batches recorded per cycle (default 4).
-        repeat: cycles; ``0`` repeats until training ends (default 1).
+        repeat: cycles per epoch; ``0`` repeats until the epoch ends (default 1).
         folder: where traces go; may contain ``{run_name}``. Default: ``<save_folder>/
             torch_traces`` if the run has a ``save_folder``, else ``runs/{run_name}/
             torch_traces``. Created if missing.
-        filename: a Chrome trace's file name; may contain ``{run_name}``, ``{rank}``,
-            ``{batch}`` (the last recorded batch) and ``{epoch}``. Default
+        filename: a trace's file name; may contain ``{run_name}``, ``{rank}``, ``{batch}``
+            (the last recorded batch) and ``{epoch}``. Default
             ``rank{rank}.{batch}.pt.trace.json`` (Composer's).
         trace_handler: ``"chrome"`` (default) or ``"tensorboard"``.
         activities: what to record, ``"cpu"`` and/or ``"cuda"``; default CPU, plus CUDA
@@ -105,109 +107,53 @@ class ProfilerCallback(Callback):
         all_ranks: bool = False,
         use_gzip: bool = False,
     ) -> None:
-        self.skip_first = _non_negative_int("skip_first", skip_first)
-        self.wait = _non_negative_int("wait", wait)
-        self.warmup = _non_negative_int("warmup", warmup)
-        self.active = _non_negative_int("active", active, minimum=1)
-        self.repeat = _non_negative_int("repeat", repeat)
+        counts = {"skip_first": skip_first, "wait": wait, "warmup": warmup, "repeat": repeat}
+        counts = {name: _non_negative_int(name, value) for name, value in counts.items()}
+        active = _non_negative_int("active", active, minimum=1)
         if trace_handler not in TRACE_HANDLERS:
             raise ValueError(f"ProfilerCallback trace_handler={trace_handler!r} is not one of "
                              f"{', '.join(repr(h) for h in TRACE_HANDLERS)}.")
-        if activities is not None:
-            unknown = [a for a in activities if a not in _ACTIVITIES]
-            if unknown or not activities:
-                raise ValueError(f"ProfilerCallback activities={list(activities)!r}: each must "
-                                 f"be one of {', '.join(repr(a) for a in _ACTIVITIES)}.")
+        if activities is not None and (not activities
+                                       or any(a not in _ACTIVITIES for a in activities)):
+            raise ValueError(f"ProfilerCallback activities={list(activities)!r}: each must "
+                             f"be one of {', '.join(repr(a) for a in _ACTIVITIES)}.")
+        if trace_handler == "tensorboard" and not filename.endswith(_TENSORBOARD_SUFFIX):
+            filename += _TENSORBOARD_SUFFIX
+        super().__init__(
+            schedule=cyclic_schedule(active=active, **counts), trace_handlers=[],
+            sys_prof_cpu=False, torch_prof_record_shapes=False, torch_prof_profile_memory=False,
+            torch_prof_with_stack=False, torch_prof_with_flops=False)  # our TorchProfiler below
+        self.skip_first, self.wait, self.warmup = skip_first, wait, warmup
+        self.active, self.repeat = active, repeat
         self.folder = folder
         self.filename = filename
         self.trace_handler = trace_handler
         self.activities = None if activities is None else list(activities)
-        self.record_shapes = record_shapes
-        self.profile_memory = profile_memory
-        self.with_stack = with_stack
-        self.with_flops = with_flops
         self.all_ranks = all_ranks
-        self.use_gzip = use_gzip
-        self.saved_traces: list[Path] = []
-        self._profiler: Any = None
-        self._state: Optional[State] = None
+        self.torch_profiler = TorchProfiler(
+            folder=folder or "", filename=filename, remote_file_name=None, overwrite=True,
+            use_gzip=use_gzip, record_shapes=record_shapes, profile_memory=profile_memory,
+            with_stack=with_stack, with_flops=with_flops, activities=activities)
 
-    # -- helpers --------------------------------------------------------------------------
-    def _trace_folder(self, state: State) -> Path:
-        if self.folder is not None:
-            return Path(self.folder.format(run_name=state.run_name))
-        if state.save_folder is not None:
-            return Path(str(state.save_folder)) / "torch_traces"
-        return Path("runs") / state.run_name / "torch_traces"
+    @property
+    def saved_traces(self) -> list[pathlib.Path]:
+        """The traces this rank wrote, oldest first."""
+        return self.torch_profiler.saved_traces
 
-    def _write_chrome_trace(self, profiler: Any) -> None:
-        state = self._state
-        assert state is not None
-        name = self.filename.format(run_name=state.run_name, rank=get_global_rank(),
-                                    batch=int(state.timestamp.batch),
-                                    epoch=int(state.timestamp.epoch))
-        if self.use_gzip and not name.endswith(".gz"):
-            name += ".gz"  # export_chrome_trace gzips a path ending in .gz
-        path = self._trace_folder(state) / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        profiler.export_chrome_trace(str(path))
-        self.saved_traces.append(path)
-        log.info("ProfilerCallback: wrote %s", path)
+    def bind_to_state(self, state: State) -> None:
+        """Bind as a :class:`~cadence.profiler.Profiler`; the torch profiler runs on global
+        rank zero only unless ``all_ranks``."""
+        if self.all_ranks or get_global_rank() == 0:
+            if self.torch_profiler not in self._callbacks:
+                self._callbacks.append(self.torch_profiler)
+        super().bind_to_state(state)
 
-    def _build(self, state: State) -> Any:
-        import torch.profiler as tp
-
-        names = self.activities or (["cpu", "cuda"] if state.device.type == "cuda" else ["cpu"])
-        activities = [tp.ProfilerActivity.CPU if n == "cpu" else tp.ProfilerActivity.CUDA
-                      for n in names]
-        folder = self._trace_folder(state)
-        if self.trace_handler == "tensorboard":
-            folder.mkdir(parents=True, exist_ok=True)
-            tensorboard = tp.tensorboard_trace_handler(
-                str(folder), worker_name=f"rank{get_global_rank()}", use_gzip=self.use_gzip)
-
-            def on_trace_ready(profiler: Any) -> None:
-                before = set(folder.iterdir())
-                tensorboard(profiler)
-                self.saved_traces.extend(sorted(set(folder.iterdir()) - before))
-        else:
-            on_trace_ready = self._write_chrome_trace
-        return tp.profile(
-            activities=activities,
-            schedule=tp.schedule(skip_first=self.skip_first, wait=self.wait,
-                                 warmup=self.warmup, active=self.active, repeat=self.repeat),
-            on_trace_ready=on_trace_ready, record_shapes=self.record_shapes,
-            profile_memory=self.profile_memory, with_stack=self.with_stack,
-            with_flops=self.with_flops)
-
-    def _stop(self) -> None:
-        if self._profiler is not None:
-            profiler, self._profiler = self._profiler, None
-            profiler.stop()  # writes a window cut short by the end of training
-
-    # -- events ---------------------------------------------------------------------------
     def fit_start(self, state: State, logger: Any) -> None:
+        """Settle the default folder (runs before the torch profiler's ``FIT_START``)."""
         del logger
-        if self._profiler is not None or not (self.all_ranks or get_global_rank() == 0):
+        if self.folder is not None:
             return
-        self._state = state
-        self._profiler = self._build(state)
-        self._profiler.start()
-
-    def batch_end(self, state: State, logger: Any) -> None:
-        del state, logger
-        if self._profiler is not None:
-            with warnings.catch_warnings():
-                # torch warns, once, at the second cycle that each cycle's events are
-                # cleared: that is the point here (one trace per cycle, not cumulative).
-                warnings.filterwarnings("ignore", message=".*Profiler clears events",
-                                        category=UserWarning)
-                self._profiler.step()
-
-    def fit_end(self, state: State, logger: Any) -> None:
-        del state, logger
-        self._stop()
-
-    def close(self) -> None:
-        """Stop profiling (a fit that raised never reached ``FIT_END``). Safe to call twice."""
-        self._stop()
+        base = (pathlib.Path(str(state.save_folder)) if state.save_folder is not None
+                else pathlib.Path("runs") / state.run_name)
+        self.torch_profiler.folder = str(base / "torch_traces").replace("{", "{{").replace(
+            "}", "}}")

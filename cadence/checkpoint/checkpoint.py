@@ -9,8 +9,10 @@ versions, world size, format, the run's config, and for a ``HuggingFaceModel`` i
 Formats:
 
 - ``full``: one file written by rank 0, the model and optimizer gathered to CPU
-  (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict=True``). Loading: rank 0
-  reads it and broadcasts into the (possibly sharded) model (``broadcast_from_rank0``).
+  (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict=True``), in Composer's
+  layout (``{"state": {...}, "rng": [...]}``, :mod:`~cadence.checkpoint.layout`). Loading:
+  rank 0 reads it and broadcasts into the (possibly sharded) model (``broadcast_from_rank0``);
+  cadence's older flat layout and a file written by Composer 0.32 load too.
 - ``sharded``: a ``torch.distributed.checkpoint`` (DCP) directory, each rank writing its own
   shards, plus ``extra.pt`` (timestamp, schedulers, RNG, metadata) from rank 0. DCP reshards
   on load, so N ranks' checkpoint loads on M ranks.
@@ -70,10 +72,16 @@ from cadence.checkpoint.files import (
     EXTRA_FILE, METADATA_FILE, TMP_MARK, is_complete, remove_checkpoint, temporary_path,
 )
 from cadence.checkpoint.manifest import verify_checkpoint
+from cadence.checkpoint.metrics_state import load_metrics_state, metrics_state
 from cadence.checkpoint.model_fit import model_mismatch, shapes_of
 from cadence.checkpoint.optim_state import set_full_optimizer_state
 from cadence.checkpoint.rng import get_rng_state, set_rng_state
-from cadence.checkpoint.safe_unpickle import SafeFileSystemReader, refused_global
+from cadence.checkpoint.layout import (
+    drop_paths, first_value, is_composer_written, not_a_checkpoint, to_file, to_flat,
+)
+from cadence.checkpoint.safe_unpickle import (
+    SafeFileSystemReader, composer_globals, refused_global,
+)
 from cadence.checkpoint.writing import (
     raise_if_save_failed, write_full_file, write_sharded_dir,
 )
@@ -168,7 +176,8 @@ def _fsync_dir(path: Path) -> None:
 
 def save_checkpoint(state: State, path: Path, fmt: str = "full", weights_only: bool = False,
                     metadata: Optional[dict[str, Any]] = None, checksums: bool = True,
-                    upload: Optional[Callable[[Path], None]] = None) -> Path:
+                    upload: Optional[Callable[[Path], None]] = None,
+                    ignore_keys: Any = None) -> Path:
     """Write a checkpoint of ``state`` at ``path`` (a ``.pt`` file for ``full``, a directory
     for ``sharded``), atomically: written under a temporary name, renamed when every rank
     is done. Call on every rank.
@@ -180,19 +189,24 @@ def save_checkpoint(state: State, path: Path, fmt: str = "full", weights_only: b
             written, before the rename (a remote ``save_folder`` uploads this rank's files
             there, :mod:`~cadence.checkpoint.remote`); a failure on any rank fails
             the save on every rank as a write failure does.
+        ignore_keys: for ``full``, what to leave out of the file (Composer's
+            ``save_ignore_keys``: glob patterns over key paths in the file layout, or a
+            callable editing it; :func:`~cadence.checkpoint.layout.drop_paths`).
 
     Raises:
-        ValueError: unknown ``fmt``.
+        ValueError: unknown ``fmt``; ``ignore_keys`` with ``sharded``.
         CheckpointWriteError: writing failed on some rank (e.g. no space left on device); the
             temporary was removed and the previous checkpoint is intact.
     """
+    if ignore_keys and fmt != "full":
+        raise ValueError("save_ignore_keys applies to full checkpoints only, not sharded ones.")
     tensors, extra = collect_checkpoint(state, fmt, weights_only, metadata)
     full = fmt == "full"
     token = [secrets.token_hex(4)]
     dist.broadcast_object_list(token)
     tmp = temporary_path(path, state.run_name, token[0])
     rank0 = dist.get_global_rank() == 0
-    _write_temporary(tensors, extra, path, tmp, full, state.run_name, checksums)
+    _write_temporary(tensors, extra, path, tmp, full, state.run_name, checksums, ignore_keys)
     if upload is not None:
         failure: Optional[BaseException] = None
         try:
@@ -230,9 +244,13 @@ def collect_checkpoint(state: State, fmt: str, weights_only: bool = False,
     model_sd = get_model_state_dict(state.model, options=_options(full, frozen=frozen))
     tensors: dict[str, Any] = {"model": model_sd}
     if not weights_only:
+        # a full file keys them by class name as Composer does; DCP keeps the index (the
+        # sharded layout is unchanged, so older sharded checkpoints load)
+        names = state_keys(state.optimizers) if fmt == "full" else [
+            str(i) for i in range(len(state.optimizers))]
         tensors["optimizers"] = {
-            str(i): get_optimizer_state_dict(state.model, opt, options=_options(full))
-            for i, opt in enumerate(state.optimizers)}
+            name: get_optimizer_state_dict(state.model, opt, options=_options(full))
+            for name, opt in zip(names, state.optimizers)}
         tensors["algorithms"] = _named_states(state.algorithms)
         tensors["callbacks"] = _named_states(state.callbacks)
         if full:
@@ -241,9 +259,11 @@ def collect_checkpoint(state: State, fmt: str, weights_only: bool = False,
     extra: dict[str, Any] = {"metadata": _metadata(state, fmt, metadata),
                              "timestamp": state.timestamp.state_dict()}
     if not weights_only:
-        extra["schedulers"] = [s.state_dict() for s in state.schedulers]
+        extra["schedulers"] = _named_states(state.schedulers)
         extra["rng"] = dist.all_gather_object(get_rng_state())
         extra["data"] = save_data_position(state)  # the train dataloader's epoch, per rank
+        if getattr(state, "save_metrics", False):
+            extra.update(metrics_state(state))
     return tensors, extra
 
 
@@ -258,7 +278,7 @@ def rename_into_place(tmp: Path, path: Path) -> None:
 
 
 def _write_temporary(tensors: dict[str, Any], extra: dict[str, Any], path: Path, tmp: Path,
-                     full: bool, run_name: str, checksums: bool) -> None:
+                     full: bool, run_name: str, checksums: bool, ignore_keys: Any = None) -> None:
     """Write the checkpoint under ``tmp`` (rank 0 for ``full``, every rank for ``sharded``);
     when this returns, every rank's part is on disk. A failure anywhere removes ``tmp`` and
     raises on every rank (:func:`~cadence.checkpoint.writing.raise_if_save_failed`)."""
@@ -266,7 +286,10 @@ def _write_temporary(tensors: dict[str, Any], extra: dict[str, Any], path: Path,
     try:
         if full:
             if dist.get_global_rank() == 0:
-                write_full_file({**tensors, **extra}, path, tmp, run_name, checksums)
+                obj = to_file({**tensors, **extra})
+                if ignore_keys:
+                    drop_paths(obj, ignore_keys)
+                write_full_file(obj, path, tmp, run_name, checksums)
         else:
             with _single_process_dcp():
                 write_sharded_dir(tensors, extra, tmp, run_name, checksums)
@@ -337,8 +360,10 @@ def _torch_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(text.split())[:300]}"
 
 
-def safe_torch_load(path: Path, mmap: bool = False) -> Any:
+def safe_torch_load(path: Path, mmap: bool = False, composer: bool = False) -> Any:
     """``torch.load(path, weights_only=True)`` to CPU (``mmap``: memory-mapped), rank-local.
+    ``composer``: also admit the few data types a checkpoint written by Composer pickles
+    (:func:`~cadence.checkpoint.safe_unpickle.composer_globals`).
 
     Raises:
         CheckpointError: the file is missing, is not a checkpoint (not a ``torch.save``
@@ -347,7 +372,8 @@ def safe_torch_load(path: Path, mmap: bool = False) -> Any:
             it never suggests loading with ``weights_only=False``).
     """
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        with composer_globals() if composer else contextlib.nullcontext():
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise CheckpointError(f"Checkpoint file {path} does not exist.") from None
     except Exception as exc:  # truncated zip, bad pickle, disallowed global
@@ -392,9 +418,9 @@ def read_metadata(path: Path) -> dict[str, Any]:
     if not is_complete(path):
         raise CheckpointError(not_loadable(path))
     # a full file is memory-mapped: reading its metadata does not read its tensors
-    extra = (safe_torch_load(path / EXTRA_FILE, mmap=False) if path.is_dir()
-             else safe_torch_load(path, mmap=True))
-    return dict(extra["metadata"])
+    if path.is_dir():
+        return dict(safe_torch_load(path / EXTRA_FILE, mmap=False)["metadata"])
+    return dict(to_flat(safe_torch_load(path, mmap=True, composer=True), path)["metadata"])
 
 
 def verify(path: Path, part: tuple[int, int] = (0, 1), require: bool = False) -> None:
@@ -423,11 +449,14 @@ def verify(path: Path, part: tuple[int, int] = (0, 1), require: bool = False) ->
                     "no manifest.json in it" if path.is_dir() else "no CRC32C in its zip comment")
 
 
-def load_verified(path: Path, checksums: bool, require: bool = False) -> Any:
+def load_verified(path: Path, checksums: bool, require: bool = False) -> dict[str, Any]:
     """``torch.load(weights_only=True)`` the full file at ``path`` while a thread checks its
     CRC32C (the two overlap: CRC32C runs without the GIL); returns when both are done, so no
     tensor is used unverified. The unpickler's verdict is reported first, so a hostile file
-    is named as such rather than as corrupt.
+    is named as such rather than as corrupt. Returns the checkpoint in the flat layout
+    (:func:`~cadence.checkpoint.layout.to_flat`), whichever layout the file has: cadence's,
+    cadence's older one, or Composer's (a file Composer wrote has no checksums: it loads
+    with a warning, ``require`` notwithstanding).
 
     Args:
         path: a ``full`` checkpoint file.
@@ -438,12 +467,17 @@ def load_verified(path: Path, checksums: bool, require: bool = False) -> Any:
         CheckpointError: as :func:`safe_torch_load`, or the file differs from its CRC32C.
     """
     if not checksums:
-        return safe_torch_load(path)
+        return to_flat(safe_torch_load(path, composer=True), path)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify") as pool:
-        verified = pool.submit(verify, path, (0, 1), require)
-        loaded = safe_torch_load(path)  # on error, leaving the block waits for the thread
-    verified.result()
-    return loaded
+        verified = pool.submit(verify_checkpoint, path, (0, 1))
+        loaded = safe_torch_load(path, composer=True)  # on error, leaving waits for the thread
+    if not verified.result():  # no checksums in it (a mismatch raised above)
+        if is_composer_written(loaded):
+            log.warning("Checkpoint %s was written by Composer, which records no checksums: "
+                        "it loads unverified.", path)
+        else:
+            verify(path, (0, 1), require)  # refuses, or warns, as for any checkpoint
+    return to_flat(loaded, path)
 
 
 def _all_ranks(check: Any) -> Any:
@@ -517,10 +551,8 @@ def _load_full(state: State, path: Path, weights_only: bool, strict: bool,
     if rank0:
         try:
             loaded = load_verified(path, checksums, require)
-            if not isinstance(loaded, dict) or not isinstance(loaded.get("model"), dict):
-                raise CheckpointError(f"{path} is not a cadence checkpoint: it holds no "
-                                      f"'model' state dict (a .pt file of plain weights? "
-                                      f"load it into the model yourself).")
+            if not isinstance(loaded.get("model"), dict):
+                raise CheckpointError(not_a_checkpoint(path))
             meta = dict(loaded.get("metadata") or {})
             error[0] = base_mismatch(path, meta, state.model) or model_mismatch(
                 path, shapes_of(loaded["model"]), shapes[not meta.get(METADATA_KEY)], strict,
@@ -548,7 +580,10 @@ def _load_full(state: State, path: Path, weights_only: bool, strict: bool,
     if not weights_only:
         if not _ignored("optimizers", ignore_keys):
             for i, optimizer in enumerate(state.optimizers):
-                optim_sd = loaded["optimizers"][str(i)] if rank0 else {}
+                optim_sd = first_value(loaded.get("optimizers"), i) if rank0 else {}
+                if optim_sd is None:
+                    raise CheckpointError(_optimizer_mismatch(
+                        path, optimizer, f"the checkpoint has no optimizer #{i + 1}"))
                 try:
                     set_full_optimizer_state(state.model, optimizer, optim_sd, broadcast)
                 except (AssertionError, KeyError, RuntimeError, ValueError) as exc:
@@ -628,7 +663,8 @@ def _load_sharded(state: State, path: Path, weights_only: bool, strict: bool,
 def _restore_rest(state: State, rest: dict[str, Any], ignore_keys: Sequence[str]) -> None:
     """Schedulers, timestamp, this rank's RNG, algorithm and callback state."""
     if not _ignored("schedulers", ignore_keys):
-        schedulers = rest.get("schedulers", [])
+        saved = rest.get("schedulers") or []  # by class name; a list before
+        schedulers = list(saved.values()) if isinstance(saved, dict) else list(saved)
         if len(schedulers) != len(state.schedulers):
             raise CheckpointError(f"The checkpoint has {len(schedulers)} schedulers, this run "
                                   f"{len(state.schedulers)}; load with load_weights_only.")
@@ -642,6 +678,8 @@ def _restore_rest(state: State, rest: dict[str, Any], ignore_keys: Sequence[str]
         set_rng_state(rng[rank])  # elastic runs: new ranks keep their fresh seeds
     if not _ignored("data", ignore_keys):
         load_data_position(state, rest.get("data"))  # used by the next epoch's iterator
+    if not _ignored("train_metrics", ignore_keys):
+        load_metrics_state(state, rest)  # saved with save_metrics; else nothing to restore
     for kind in ("algorithms", "callbacks"):
         saved = rest.get(kind, {})
         objects = getattr(state, kind)

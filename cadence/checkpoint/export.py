@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
@@ -30,7 +30,8 @@ from cadence.checkpoint.files import (
 from cadence.checkpoint.safe_unpickle import SafeFileSystemReader
 from cadence.checkpoint.writing import write_full_file
 
-__all__ = ["huggingface_metadata", "load_full_state", "to_full", "to_huggingface"]
+__all__ = ["hf_from_checkpoint_path", "hf_model_from_checkpoint", "huggingface_metadata",
+           "load_full_state", "to_full", "to_huggingface"]
 
 HF_PREFIX = "model."  # HuggingFaceModel keeps the transformers model at .model
 
@@ -43,12 +44,16 @@ def huggingface_metadata(model: torch.nn.Module) -> dict[str, Any]:
         return {}
     from transformers import PreTrainedModel
 
+    from cadence.checkpoint.peft_export import peft_base_model, peft_metadata
+
     module = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     inner = getattr(module, "model", None)
+    peft = peft_metadata(inner) if inner is not None else {}  # a peft model: its base's class
+    inner = peft_base_model(inner) if peft else inner
     if not isinstance(inner, PreTrainedModel):
         return {}
     meta: dict[str, Any] = {"hf_class": type(inner).__name__,
-                            "hf_config": json.loads(inner.config.to_json_string())}
+                            "hf_config": json.loads(inner.config.to_json_string()), **peft}
     tokenizer = getattr(module, "tokenizer", None)
     if tokenizer is not None:
         meta.update(_tokenizer_metadata(tokenizer))
@@ -126,37 +131,158 @@ def to_full(checkpoint: Path, out: Path) -> Path:
     return out
 
 
-def to_huggingface(checkpoint: Path, out_dir: Path) -> Path:
-    """Write the checkpoint's ``transformers`` model to ``out_dir``: ``model.safetensors``,
-    ``config.json`` and, when the run had one, the tokenizer.
+def _hf_description(state: dict[str, Any], checkpoint: Path) -> dict[str, Any]:
+    """``{"class", "config", "tokenizer"}`` of the ``transformers`` model a checkpoint holds:
+    from cadence's metadata (``hf_class``, ``hf_config``, ``hf_tokenizer``) or from
+    Composer's ``integrations.huggingface`` (``model.config.content`` / ``class``, the
+    tokenizer's files by name).
 
     Raises:
         CheckpointError: the checkpoint was not written from a ``HuggingFaceModel``.
     """
-    import transformers
-    from tokenizers import Tokenizer
-
-    state = load_full_state(checkpoint)
-    meta = state["metadata"]
-    if "hf_class" not in meta:
+    meta = state.get("metadata") or {}
+    if "hf_class" in meta:
+        return {"class": meta["hf_class"], "config": dict(meta["hf_config"]),
+                "tokenizer": meta.get("hf_tokenizer")}
+    hf = (state.get("integrations") or {}).get("huggingface") or {}
+    config = (hf.get("model") or {}).get("config") or {}
+    if "content" not in config or "class" not in config:
         raise CheckpointError(f"{checkpoint} was not saved from a HuggingFaceModel (its metadata "
                               f"has no transformers config); export with --to full instead.")
-    config_dict = dict(meta["hf_config"])
+    return {"class": config["class"], "config": dict(config["content"]),
+            "tokenizer": hf.get("tokenizer")}
+
+
+def _hf_tokenizer(saved: Any) -> Any:
+    """The tokenizer a checkpoint holds, or None: cadence's (``tokenizer.json`` text and
+    special tokens) or Composer's (its files by name, each ``{"file_extension", "content"}``,
+    written to a temporary folder and read back with ``AutoTokenizer``)."""
+    import tempfile
+
+    import transformers
+
+    if not saved:
+        return None
+    if "tokenizer_json" in saved:
+        from tokenizers import Tokenizer
+
+        return transformers.PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer.from_str(saved["tokenizer_json"]),
+            **saved.get("special_tokens", {}))
+    with tempfile.TemporaryDirectory(prefix="cadence-tokenizer-") as tmp:
+        for name, entry in saved.items():
+            if not isinstance(entry, dict) or "content" not in entry:
+                continue
+            target = Path(tmp) / Path(f"{name}{entry.get('file_extension', '')}").name
+            content = entry["content"]
+            if isinstance(content, (dict, list)) and target.suffix == ".json":
+                target.write_text(json.dumps(content))
+            elif isinstance(content, list):  # a .txt file, one entry per line
+                target.write_text("\n".join(content))
+            elif isinstance(content, str):
+                target.write_text(content)
+        return transformers.AutoTokenizer.from_pretrained(tmp)
+
+
+def _hf_class(name_or_class: Any) -> Any:
+    """A ``transformers`` model class from a class, a class name (``GPT2LMHeadModel``) or a
+    dotted path (Composer stores ``transformers.models.gpt2...GPT2LMHeadModel``)."""
+    import transformers
+
+    if not isinstance(name_or_class, str):
+        return name_or_class
+    cls = getattr(transformers, name_or_class.rsplit(".", 1)[-1], None)
+    if cls is None:
+        raise CheckpointError(f"transformers has no model class {name_or_class!r}.")
+    return cls
+
+
+def hf_model_from_checkpoint(checkpoint: Path, model_instantiation_class: Any = None,
+                             model_config_kwargs: Optional[dict[str, Any]] = None,
+                             trust_remote_code: bool = False,
+                             state: Optional[dict[str, Any]] = None) -> tuple[Any, Any]:
+    """The ``transformers`` model (and tokenizer, or None) in the checkpoint ``checkpoint``
+    (local; cadence's, full or sharded, or a full one Composer wrote), its weights loaded.
+
+    Args:
+        checkpoint: the checkpoint's local path.
+        model_instantiation_class: the class to build (a class, or its name in
+            ``transformers``; ``AutoModelFor...`` classes build through ``from_config``).
+            Default: the class the checkpoint names.
+        model_config_kwargs: config fields to override.
+        trust_remote_code: passed to ``from_config`` of an ``AutoModel`` class.
+        state: the checkpoint's state if already read (:func:`load_full_state`).
+
+    Raises:
+        CheckpointError: not written from a ``HuggingFaceModel``, or the weights do not fit
+            the class (naming missing / unexpected keys), besides :func:`load_full_state`'s.
+    """
+    import transformers
+
+    state = load_full_state(checkpoint) if state is None else state
+    described = _hf_description(state, checkpoint)
+    config_dict = {**described["config"], **(model_config_kwargs or {})}
     config = transformers.AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
-    model = getattr(transformers, meta["hf_class"])(config)
+    cls = _hf_class(model_instantiation_class or described["class"])
+    if hasattr(cls, "from_config") and not hasattr(cls, "config_class"):  # AutoModel...
+        model = cls.from_config(config, trust_remote_code=trust_remote_code)
+    else:
+        model = cls(config)
     weights = {k[len(HF_PREFIX):]: v for k, v in state["model"].items() if k.startswith(HF_PREFIX)}
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:
-        raise CheckpointError(f"{checkpoint}: weights do not fit {meta['hf_class']} (missing "
+        raise CheckpointError(f"{checkpoint}: weights do not fit {type(model).__name__} (missing "
                               f"{missing[:5]}, unexpected {unexpected[:5]}).")
+    return model, _hf_tokenizer(described["tokenizer"])
+
+
+def to_huggingface(checkpoint: Path, out_dir: Path, merge: bool = False) -> Path:
+    """Write the checkpoint's ``transformers`` model to ``out_dir``: ``model.safetensors``,
+    ``config.json`` and, when the run had one, the tokenizer. A ``peft`` model's checkpoint
+    gives its adapter in ``peft``'s format, or with ``merge`` the merged full model
+    (:mod:`cadence.checkpoint.peft_export`).
+
+    Raises:
+        CheckpointError: the checkpoint was not written from a ``HuggingFaceModel``;
+            ``merge`` for a checkpoint without an adapter.
+    """
+    from cadence.checkpoint.peft_export import PEFT_METADATA_KEY, peft_model_from_state, save_peft
+
+    state = load_full_state(checkpoint)
+    metadata = state.get("metadata") or {}
+    if merge or PEFT_METADATA_KEY in metadata:
+        described = _hf_description(state, checkpoint)
+        weights = {k[len(HF_PREFIX):]: v for k, v in state["model"].items()
+                   if k.startswith(HF_PREFIX)}
+        model = peft_model_from_state(weights, metadata, _hf_class(described["class"]),
+                                      described["config"], checkpoint)
+        return save_peft(model, out_dir, merge, _hf_tokenizer(described["tokenizer"]))
+    model, tokenizer = hf_model_from_checkpoint(checkpoint, state=state)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer = meta.get("hf_tokenizer")
     if tokenizer is not None:
-        fast = transformers.PreTrainedTokenizerFast(
-            tokenizer_object=Tokenizer.from_str(tokenizer["tokenizer_json"]),
-            **tokenizer["special_tokens"])
-        fast.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def hf_from_checkpoint_path(checkpoint_path: str, model_instantiation_class: Any = None,
+                            model_config_kwargs: Optional[dict[str, Any]] = None,
+                            local_checkpoint_save_location: Optional[str] = None,
+                            trust_remote_code: bool = False) -> tuple[Any, Any]:
+    """:func:`hf_model_from_checkpoint` for a local path or an fsspec URL (downloaded; with
+    ``local_checkpoint_save_location`` the download is kept there, else removed).
+    ``HuggingFaceModel.hf_from_composer_checkpoint`` calls this."""
+    import shutil
+
+    from cadence.checkpoint.remote import fetched
+
+    with fetched(checkpoint_path) as local:
+        if local_checkpoint_save_location is not None and local != Path(
+                local_checkpoint_save_location):
+            keep = Path(local_checkpoint_save_location)
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if local.is_dir() else shutil.copyfile)(local, keep)
+        return hf_model_from_checkpoint(local, model_instantiation_class, model_config_kwargs,
+                                        trust_remote_code)

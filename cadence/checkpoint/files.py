@@ -33,7 +33,9 @@ from typing import Callable, Iterator, Optional
 from cadence.checkpoint.errors import CheckpointError
 
 __all__ = [
-    "TMP_MARK", "EXTRA_FILE", "METADATA_FILE", "MANIFEST_FILE", "NONFINITE_SUFFIX",
+    "DEFAULT_FILENAME", "DEFAULT_LATEST", "DEFAULT_POINTER", "name_template",
+    "pointer_template", "TMP_MARK", "EXTRA_FILE", "METADATA_FILE", "MANIFEST_FILE",
+    "NONFINITE_SUFFIX",
     "REJECTED_MARK", "format_name", "is_aside", "is_complete", "move_aside",
     "not_a_checkpoint_folder",
     "atomic_write_bytes", "manifest_path", "run_tag",
@@ -83,6 +85,35 @@ def format_name(template: str, *, run_name: str, epoch: int, batch: int, rank: i
             f"save_filename {template!r} has an unknown field {exc}; allowed: {{run_name}}, "
             f"{{epoch}}, {{batch}}, {{rank}}."
         ) from None
+
+
+#: Composer's default names: a full checkpoint ``ep{epoch}-ba{batch}-rank{rank}.pt`` (rank 0
+#: writes it), a sharded one the folder ``ep{epoch}-ba{batch}`` (every rank writes its shard
+#: in it), the symlink to the newest ``latest-rank{rank}.pt``.
+DEFAULT_FILENAME = "ep{epoch}-ba{batch}-rank{rank}.pt"
+DEFAULT_LATEST = "latest-rank{rank}.pt"
+DEFAULT_POINTER = "latest-{run_name}"  # cadence's pointer file, beside Composer's symlink
+
+
+def name_template(filename: str, fmt: str) -> str:
+    """The checkpoint name template for format ``fmt``: a ``full`` checkpoint is a ``.pt``
+    file (appended when missing); a ``sharded`` one is a folder, named as Composer names it:
+    the template without ``.pt`` and without ``-rank{rank}`` (every rank writes into it), so
+    the default gives ``ep{epoch}-ba{batch}``."""
+    if fmt == "full":
+        return filename if filename.endswith(".pt") else filename + ".pt"
+    name = filename[:-len(".pt")] if filename.endswith(".pt") else filename
+    return name.replace("-rank{rank}", "")
+
+
+def pointer_template(latest_filename: Optional[str]) -> str:
+    """The name template of cadence's ``latest`` pointer file for ``latest_filename`` (a
+    Trainer's ``save_latest_filename``): a name ending in ``.pt`` (Composer's
+    ``latest-rank{rank}.pt``) is the symlink's, and the pointer keeps its own name
+    ``latest-{run_name}``; None (Composer: no symlink) likewise."""
+    if latest_filename is None or latest_filename.endswith(".pt"):
+        return DEFAULT_POINTER
+    return latest_filename
 
 
 def is_complete(path: Path) -> bool:

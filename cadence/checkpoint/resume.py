@@ -15,8 +15,9 @@ from cadence.checkpoint.errors import CheckpointError
 from cadence.checkpoint.files import (
     checkpoint_candidates, move_aside, remove_checkpoint, remove_stale_temporaries, write_latest,
 )
+from cadence.checkpoint.object_store import fetched_from_store
 from cadence.checkpoint.remote import (
-    COMPLETE_SUFFIX, RemoteFolder, fetched, is_remote, local_path,
+    COMPLETE_SUFFIX, RemoteFolder, fetched, is_remote, join, local_path,
 )
 from cadence.utils import dist
 
@@ -202,7 +203,8 @@ def load_at_start(state: State, run_folder: Optional[RunFolder], latest_filename
                   load_path: Optional[str], autoresume: bool, *, weights_only: bool = False,
                   strict: bool = True, ignore_keys: Sequence[str] = (),
                   require_checksums: bool = True,
-                  check_layout: Optional[Callable[[Path], None]] = None) -> Optional[str]:
+                  check_layout: Optional[Callable[[Path], None]] = None,
+                  object_store: Any = None) -> Optional[str]:
     """The Trainer's load step (call on every rank): resolve what to load
     (:func:`resolve_load_path`), fetch it (a remote one is downloaded, then removed), check
     its layout (``check_layout(local path)``, skipped for a weights-only load), load it into
@@ -218,6 +220,8 @@ def load_at_start(state: State, run_folder: Optional[RunFolder], latest_filename
         weights_only, strict, ignore_keys, require_checksums: the Trainer's ``load_*``
             arguments (``weights_only`` applies to ``load_path`` only: a resume is full).
         check_layout: refuses a checkpoint the run's mesh cannot resume.
+        object_store: ``load_object_store``: ``load_path`` names a checkpoint in it
+            (:mod:`~cadence.checkpoint.object_store`); an autoresume ignores it.
 
     Returns:
         The path or URL loaded, or None when nothing was.
@@ -233,7 +237,12 @@ def load_at_start(state: State, run_folder: Optional[RunFolder], latest_filename
     if path is None:
         return None
     weights_only = weights_only and not resuming
-    with fetched(path) as local:
+    from_store = object_store is not None and not resuming
+    if from_store:  # named in the log and the hyperparameters as where it came from
+        path = (join(object_store, str(load_path).lstrip("/")) if isinstance(object_store, str)
+                else f"{type(object_store).__name__}:{load_path}")
+    with (fetched_from_store(object_store, str(load_path)) if from_store
+          else fetched(path)) as local:
         if check_layout is not None and not weights_only:  # refused before anything loads
             check_layout(local)
         load_checkpoint(state, local, weights_only=weights_only, strict=strict,

@@ -14,6 +14,13 @@ only what a checkpoint needs:
   dtypes / layouts / memory formats, ``pathlib`` paths and plain builtins, and nothing else
   (no tensors: DCP never pickles one into ``.metadata``).
 
+- A ``full`` checkpoint written by Composer 0.32 pickles a few objects beyond tensors (its
+  ``Timestamp``, NumPy's RNG state, ``datetime.timedelta`` clocks, torch's version string):
+  :func:`composer_globals` admits those, and only those, to ``torch.load(weights_only=True)``
+  for the length of one load, each mapped to a cadence object or a plain value
+  (:data:`COMPOSER_GLOBALS` lists them with why each is there); :func:`from_composer_objects`
+  turns the stand-ins into cadence's ``Timestamp`` / ``Time``.
+
 A refused object raises :class:`~cadence.checkpoint.errors.CheckpointError` naming
 the file and the refused global, before the global is looked up, so nothing from it runs.
 
@@ -34,15 +41,19 @@ Source: the Python docs, "Restricting Globals" (``pickle.Unpickler.find_class``)
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
+import datetime
 import io
 import pathlib
 import pickle
 import pickletools
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
+import numpy as np
 import torch
+import torch.torch_version
 import torch.distributed.checkpoint.metadata as dcp_metadata
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -52,8 +63,9 @@ from torch.futures import Future
 
 from cadence.checkpoint.errors import CheckpointError
 
-__all__ = ["MAX_PICKLE_BYTES", "CheckpointUnpickler", "RefusedGlobal", "SafeFileSystemReader",
-           "load_pickle", "refused_global"]
+__all__ = ["COMPOSER_GLOBALS", "MAX_PICKLE_BYTES", "CheckpointUnpickler", "RefusedGlobal",
+           "SafeFileSystemReader", "composer_globals", "from_composer_objects", "load_pickle",
+           "refused_global"]
 
 #: The largest ``.metadata`` read (DCP's metadata of a 70B-parameter model on 1,024 ranks is a
 #: few hundred MB at most).
@@ -258,3 +270,133 @@ class SafeFileSystemReader(FileSystemReader):
             raise CheckpointError(
                 f"Shard file {shard} is truncated: {size} bytes, but its checkpoint's .metadata "
                 f"places data up to byte {needed}. Load an earlier checkpoint.")
+
+
+# ---------------------------------------------------------------- Composer's checkpoints
+class _ComposerObject:
+    """Stand-in for a Composer class instance while unpickling: torch's restricted unpickler
+    creates it (``NEWOBJ``, ``cls.__new__`` only) and hands it the pickled attributes
+    (``BUILD`` -> :meth:`__setstate__`, which only stores them); nothing of Composer's runs.
+    :func:`from_composer_objects` turns it into the cadence object afterwards."""
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 2:  # (dict state, slot state)
+            state = {**(state[0] or {}), **(state[1] or {})}
+        if not isinstance(state, dict):
+            raise pickle.UnpicklingError(f"{type(self).__name__}: expected a dict of attributes, "
+                                         f"got {type(state).__name__}")
+        self.attributes = dict(state)
+
+
+class _ComposerTimestamp(_ComposerObject):
+    """``composer.core.time.Timestamp``: attributes ``_epoch``, ``_batch``... (``Time``) and
+    ``_total_wct``... (``timedelta``)."""
+
+
+class _ComposerTime(_ComposerObject):
+    """``composer.core.time.Time``: attributes ``_value`` and ``_unit`` (a ``TimeUnit``)."""
+
+
+def _time_unit(value: str) -> Any:
+    """``composer.core.time.TimeUnit(value)`` (an Enum pickles as a call with its value):
+    cadence's ``TimeUnit`` of the same value ("ep", "ba", "sp", "tok", "dur", "iter")."""
+    from cadence.core.time import TimeUnit
+
+    if not isinstance(value, str):
+        raise pickle.UnpicklingError(f"TimeUnit({value!r}): expected a string value")
+    return TimeUnit(value)
+
+
+def _np_reconstruct(subtype: Any, shape: Any, dtype: Any) -> Any:
+    """``numpy.core.multiarray._reconstruct`` for plain arrays only (how an ndarray pickles:
+    an empty array, then its bytes through ``ndarray.__setstate__``)."""
+    if subtype is not np.ndarray:
+        raise pickle.UnpicklingError(f"numpy array of type {subtype!r}: only numpy.ndarray")
+    try:
+        from numpy._core.multiarray import _reconstruct  # numpy >= 2
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _reconstruct
+
+    return _reconstruct(np.ndarray, shape, dtype)
+
+
+def _np_dtype(spec: Any, align: bool = False, copy: bool = False) -> Any:
+    """``numpy.dtype`` of numbers and booleans only: an object dtype would let the array's
+    ``__setstate__`` hold arbitrary Python objects."""
+    dtype = np.dtype(spec, align, copy)
+    if dtype.kind not in "biuf":
+        raise pickle.UnpicklingError(f"numpy dtype {dtype} is not allowed in a checkpoint "
+                                     f"(numbers and booleans only)")
+    return dtype
+
+
+#: The globals a ``full`` checkpoint written by Composer 0.32.1's ``Trainer`` pickles beyond
+#: what ``torch.load(weights_only=True)`` admits by itself: pickled name -> (what stands in
+#: for it here, why a Composer checkpoint holds it). Anything else stays refused.
+COMPOSER_GLOBALS: dict[str, tuple[Any, str]] = {
+    "composer.core.time.Timestamp": (
+        _ComposerTimestamp, "State.timestamp is pickled as the object (the run's position)"),
+    "composer.core.time.Time": (
+        _ComposerTime, "the counters inside a pickled Timestamp (epoch, batch, sample...)"),
+    "composer.core.time.TimeUnit": (
+        _time_unit, "the unit of each pickled Time (an Enum: rebuilt from its string value)"),
+    "datetime.timedelta": (
+        datetime.timedelta, "the Timestamp's wall-clock fields (total_wct, batch_wct...), "
+                            "also in CheckpointSaver's state; three integers"),
+    "torch.torch_version.TorchVersion": (
+        torch.torch_version.TorchVersion, "state.metadata.torch_version (a str subclass)"),
+    "numpy._core.multiarray._reconstruct": (
+        _np_reconstruct, "rng[rank].numpy: np.random.get_state()'s key array (numpy >= 2)"),
+    "numpy.core.multiarray._reconstruct": (
+        _np_reconstruct, "the same, as numpy 1.x names it"),
+    "numpy.ndarray": (np.ndarray, "the class of that key array"),
+    "numpy.dtype": (_np_dtype, "its dtype (uint32); numbers and booleans only"),
+    # A dtype pickles as numpy.dtype(...) then BUILD with its byte order: torch's unpickler
+    # BUILDs only instances of admitted classes, so the numeric dtype classes are listed too.
+    **{f"numpy.dtypes.{type(np.dtype(c)).__name__}": (
+        type(np.dtype(c)), "the class of an admitted dtype (BUILD sets its byte order)")
+       for c in "?bBhHiIlLqQefd"},
+}
+
+
+@contextlib.contextmanager
+def composer_globals() -> Iterator[None]:
+    """Within the block, ``torch.load(weights_only=True)`` also admits
+    :data:`COMPOSER_GLOBALS` (as their stand-ins); everything else it refused before, it
+    still refuses. (torch keeps this list per process: a load in another thread meanwhile
+    admits these few data types too, and nothing else.)"""
+    with torch.serialization.safe_globals([(obj, name) for name, (obj, _) in
+                                           COMPOSER_GLOBALS.items()]):
+        yield
+
+
+def from_composer_objects(obj: Any) -> Any:
+    """``obj`` with the stand-ins of :func:`composer_globals` replaced by cadence objects:
+    a Composer ``Timestamp`` becomes :class:`cadence.core.time.Timestamp`, a ``Time``
+    :class:`cadence.core.time.Time`; containers are rebuilt, everything else is returned as
+    it is.
+
+    Raises:
+        CheckpointError: a stand-in lacks an attribute cadence needs (not a Composer 0.32
+            object).
+    """
+    from cadence.core.time import Time, Timestamp
+
+    if isinstance(obj, _ComposerTime):
+        attrs = obj.attributes
+        if "_value" not in attrs or "_unit" not in attrs:
+            raise CheckpointError(f"A pickled composer Time has attributes {sorted(attrs)}, "
+                                  f"not _value and _unit.")
+        return Time(attrs["_value"], attrs["_unit"])
+    if isinstance(obj, _ComposerTimestamp):
+        fields = {}
+        for key, value in obj.attributes.items():
+            value = from_composer_objects(value)
+            fields[key.lstrip("_")] = value.value if isinstance(value, Time) else value
+        return Timestamp.from_state_dict(fields)
+    if isinstance(obj, dict):
+        out = {k: from_composer_objects(v) for k, v in obj.items()}
+        return type(obj)(out) if type(obj) is not dict else out
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(from_composer_objects(v) for v in obj)
+    return obj

@@ -25,6 +25,7 @@ from cadence.checkpoint.errors import CheckpointWriteError
 from cadence.checkpoint.files import (
     EXTRA_FILE, MANIFEST_FILE, is_complete, remove_checkpoint,
 )
+from cadence.checkpoint.layout import to_file
 from cadence.checkpoint.manifest import (
     Digest, HashingFile, HashingFileSystemWriter, embed_checksum, write_manifest,
 )
@@ -57,12 +58,15 @@ def write_full_file(obj: dict[str, Any], path: Path, tmp: Path, run_name: Option
                     checksums: bool = True) -> None:
     """Write a ``full`` checkpoint ``obj`` to ``tmp``, with ``checksums`` its size and
     CRC32C (computed while writing) in the file's zip comment. The caller renames ``tmp``
-    to ``path``.
+    to ``path``. ``obj`` is in cadence's flat layout (written in Composer's,
+    :func:`~cadence.checkpoint.layout.to_file`) or already in Composer's (a ``state`` key).
 
     Raises:
         OSError: writing failed (``filename`` set to the file being written).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    if "state" not in obj:
+        obj = to_file(obj)
     _torch_save_hashed(obj, tmp, hashing=checksums, embed=checksums)
 
 

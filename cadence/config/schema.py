@@ -149,12 +149,12 @@ class TrainConfig:
     loggers: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     parallelism_config: Optional[ParallelismConfig] = None
     compile_config: Optional[CompileConfig] = None
-    save_filename: str = "ep{epoch}-ba{batch}"
+    save_filename: str = "ep{epoch}-ba{batch}-rank{rank}.pt"
     save_interval: Optional[str] = "1ep"
     save_num_checkpoints_to_keep: int = -1
     save_overwrite: bool = False
     save_weights_only: bool = False
-    save_latest_filename: str = "latest-{run_name}"
+    save_latest_filename: str = "latest-rank{rank}.pt"
     save_state_dict_type: Optional[str] = None
     save_async: bool = False
     save_allow_nonfinite: bool = False

@@ -166,9 +166,10 @@ _FIELD_CHECKS: dict[str, Check] = {
     "max_duration": Check(_positive_duration, "a duration > 0, e.g. '1ep' or '100ba'"),
     "run_name": Check(_plain_name, "a plain name"),
     "save_filename": Check(_all(_inside_save_folder, _format_fields(
-        ("run_name", "epoch", "batch", "rank"), "ep{epoch}-ba{batch}")), "a name template"),
+        ("run_name", "epoch", "batch", "rank"), "ep{epoch}-ba{batch}-rank{rank}.pt")),
+        "a name template"),
     "save_latest_filename": Check(_all(_inside_save_folder, _format_fields(
-        ("run_name",), "latest-{run_name}")), "a name template"),
+        ("run_name", "rank"), "latest-rank{rank}.pt")), "a name template"),
     "device": Check(_device_available, "cpu, cuda or null"),
     "load_path": Check(_existing_checkpoint, "an existing checkpoint"),
     "save_folder": Check(_usable_folder, "a local path or a URL of an installed filesystem"),

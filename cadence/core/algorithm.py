@@ -9,6 +9,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from cadence.core.event import Event
+from cadence.core.serializable import Serializable
 
 if TYPE_CHECKING:
     from cadence.core.state import State
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["Algorithm"]
 
 
-class Algorithm(ABC):
+class Algorithm(Serializable, ABC):
     """Base class for algorithms: :meth:`match` says when, :meth:`apply` does it.
 
     Algorithms may change :class:`~cadence.State` (the model, the gradients, the batch).
@@ -42,14 +43,6 @@ class Algorithm(ABC):
     @abstractmethod
     def apply(self, event: Event, state: State, logger: Any) -> None:
         """Do the algorithm's work on ``event``; may modify ``state``."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """What this algorithm needs saved in a checkpoint (default: nothing)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        del state
 
     def close(self) -> None:
         """Release resources. Called once at the end of a run; must be safe to call twice."""

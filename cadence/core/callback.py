@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cadence.core.event import Event
+from cadence.core.serializable import Serializable
 
 if TYPE_CHECKING:
     from cadence.core.state import State
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["Callback"]
 
 
-class Callback:
+class Callback(Serializable):
     """Base class for callbacks. ``run_event`` dispatches to the method named after the event.
 
     Callbacks that hold state (a counter, a best metric) override :meth:`state_dict` and
@@ -175,14 +176,6 @@ class Callback:
     def predict_end(self, state: State, logger: Any) -> None:
         """Called on ``Event.PREDICT_END``."""
         del state, logger
-
-    def state_dict(self) -> dict[str, Any]:
-        """What this callback needs saved in a checkpoint (default: nothing)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        del state
 
     def close(self) -> None:
         """Flush and release resources at the end of a run. Must be safe to call twice."""

@@ -10,7 +10,9 @@ anything logs), then callbacks, then algorithms. Source: Composer's ``Engine.run
 Dispatch is precomputed per event: a callback whose class does not override an event's
 method is never called for that event, and an algorithm that names its ``events`` is
 never asked to ``match`` others, so an idle callback costs nothing per step. Algorithms
-need only ``match`` and ``apply`` (duck typing, as in Composer); ``events`` is optional.
+need only ``match`` and ``apply`` (duck typing, as in Composer): ``events`` is read only from
+:class:`~cadence.core.algorithm.Algorithm` subclasses, so any object with ``match`` and
+``apply`` (a ``unittest.mock.Mock`` too) is asked to ``match`` on every event.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
+from cadence.core.algorithm import Algorithm
 from cadence.core.callback import Callback
 from cadence.core.event import Event
 from cadence.core.passes import DEFAULT_PASSES, AlgorithmPass
@@ -68,6 +71,15 @@ def _overrides(callback: Any, event: Event) -> bool:
     if cls.run_event is not Callback.run_event:
         return True
     return getattr(cls, event.value) is not getattr(Callback, event.value)
+
+
+def _may_match(algorithm: Any, event: Event) -> bool:
+    """Whether ``algorithm`` is asked to ``match`` ``event``: a real Algorithm names its
+    ``events`` (``None``: any); any other object with ``match``/``apply`` is always asked."""
+    if not isinstance(algorithm, Algorithm):
+        return True
+    events = algorithm.events
+    return events is None or event in events
 
 
 def _close(obj: Any, state: State, logger: Any) -> None:
@@ -117,6 +129,7 @@ class Engine:
         self.logger = logger
         self.algorithm_passes: list[AlgorithmPass] = list(passes)
         self._closed = False
+        self._open_spans: set[str] = set()  # BEFORE_* ... AFTER_* spans being profiled
         for spec in _pass_specs(algorithm_passes):
             self.register_pass(*spec)
         self.refresh(destinations)
@@ -143,9 +156,7 @@ class Engine:
         self._callbacks: dict[Event, list[Any]] = {}
         self._loggers: dict[Event, list[Any]] = {}
         for event in Event:
-            self._algorithms[event] = [
-                a for a in algorithms
-                if getattr(a, "events", None) is None or event in a.events]
+            self._algorithms[event] = [a for a in algorithms if _may_match(a, event)]
             self._callbacks[event] = [c for c in self.state.callbacks if _overrides(c, event)]
             self._loggers[event] = [d for d in self.destinations if _overrides(d, event)]
         self._plan = {event: (self._algorithms[event], self._callbacks[event], self._loggers[event])
@@ -169,6 +180,34 @@ class Engine:
             )
         if type(event) is not Event:
             event = Event(event)
+        if getattr(self.state, "profiler", None) is not None:
+            return self._run_profiled(event)
+        return self._dispatch(event)
+
+    def _run_profiled(self, event: Event) -> Traces:
+        """:meth:`_dispatch`, recorded in the profiler's traces: the event's own time
+        (``event/<event>``) and, from a ``BEFORE_*`` event to its ``AFTER_*``, the step
+        between (``event/forward``, ``event/dataloader``, ...), category ``event``."""
+        profiler = self.state.profiler
+        pair = event.value.replace("before_", "").replace("after_", "")
+        if event.is_after_event and pair in self._open_spans:
+            self._open_spans.remove(pair)
+            profiler.marker(f"event/{pair}", categories=("event",)).finish()
+        marker = profiler.marker(f"event/{event.value}", categories=("event",))
+        marker.start()
+        try:
+            traces = self._dispatch(event)
+        finally:
+            marker.finish()
+        if event.is_before_event:
+            span = profiler.marker(f"event/{pair}", categories=("event",))
+            if pair in self._open_spans:  # an exception skipped its AFTER_* event
+                span.finish()
+            span.start()
+            self._open_spans.add(pair)
+        return traces
+
+    def _dispatch(self, event: Event) -> Traces:
         algorithms, callbacks, destinations = self._plan[event]
         state, logger = self.state, self.logger
         if event is _INIT:

@@ -66,7 +66,8 @@ def warn_if_multiple_loss_interpolation(algorithms: Sequence[T], event: Event) -
     """Warn when more than one algorithm interpolates the loss (their ``interpolate_loss``
     attribute is true): the combination is rarely what was meant (Composer's pass)."""
     del event
-    interpolating = [a for a in algorithms if getattr(a, "interpolate_loss", False)]
+    # `is True`: a duck-typed algorithm (a Mock) answers any attribute with a truthy object
+    interpolating = [a for a in algorithms if getattr(a, "interpolate_loss", False) is True]
     if len(interpolating) > 1:
         warnings.warn(f"Several algorithms interpolate the loss: {interpolating}; the result "
                       f"may not be what you expect.", UserWarning, stacklevel=2)

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
 
+from cadence.core.batch_access import BatchKey, get_item, set_item
 from cadence.core.evaluator import Evaluator
 from cadence.core.time import Time, TimeUnit, Timestamp
 
@@ -79,6 +80,16 @@ class _StopTraining:
         return f"<stop_training: {bool(self)}>"
 
 
+#: What :meth:`State.state_dict` always writes (``serialized_attributes`` starts as these).
+_SERIALIZED = ("model", "optimizers", "schedulers", "timestamp", "algorithms", "callbacks",
+               "rank_zero_seed", "run_name")
+
+
+def _saved(value: Any) -> Any:
+    """An extra serialized attribute as saved: its ``state_dict()`` when it has one."""
+    return value.state_dict() if hasattr(value, "state_dict") else value
+
+
 class State:
     """Everything about a run that algorithms and callbacks can see.
 
@@ -126,6 +137,9 @@ class State:
         stop_training: ``state.stop_training()`` or ``state.stop_training = True`` ends
             ``fit`` after the current batch.
         profiler: the run's profiler, or ``None``.
+        serialized_attributes: the names of the attributes :meth:`state_dict` writes
+            (Composer's attribute). Append a name to have that attribute saved and restored
+            too (through its own ``state_dict``/``load_state_dict`` when it has them).
 
     Raises:
         ValueError: ``max_duration`` in ``dur``; ``dataloader`` without ``dataloader_label``.
@@ -210,6 +224,28 @@ class State:
         self.train_metrics: dict[str, Any] = dict(train_metrics or {})
         self.eval_metrics: dict[str, dict[str, Any]] = dict(eval_metrics or {})
         self._stop_training = bool(stop_training)
+        self.serialized_attributes: list[str] = list(_SERIALIZED)
+
+    # ------------------------------------------------------------------ batch
+    def batch_get_item(self, key: BatchKey) -> Any:
+        """The part of ``state.batch`` that ``key`` names (Composer's): an index, a mapping key
+        or attribute name, a sequence of them, a getter ``batch -> value``, or a
+        ``(getter, setter)`` pair (see :mod:`cadence.utils.batch_helpers`).
+
+        Raises:
+            KeyError, IndexError, AttributeError: ``key`` names nothing in the batch.
+        """
+        return get_item(self.batch, key)
+
+    def batch_set_item(self, key: BatchKey, value: Any) -> None:
+        """Set the part of ``state.batch`` that ``key`` names to ``value`` (Composer's); a
+        tuple batch is replaced by a new tuple.
+
+        Raises:
+            KeyError, IndexError: ``key`` is not already in the batch.
+            RuntimeError: the batch has neither such an item nor such an attribute.
+        """
+        self.batch = set_item(self.batch, key, value)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -344,7 +380,10 @@ class State:
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs: model, optimizers, schedulers, timestamp, algorithm and
         callback state, seed and run name. Tensors are returned as they are (no copy)."""
+        extra = {name: _saved(getattr(self, name)) for name in self.serialized_attributes
+                 if name not in _SERIALIZED and hasattr(self, name)}
         return {
+            **extra,
             "model": self.model.state_dict(),
             "optimizers": [opt.state_dict() for opt in self.optimizers],
             "schedulers": [sched.state_dict() for sched in self.schedulers],
@@ -381,3 +420,10 @@ class State:
                 if key in saved:
                     obj.load_state_dict(saved[key])
         self.rank_zero_seed = int(state.get("rank_zero_seed", self.rank_zero_seed))
+        for name in self.serialized_attributes:
+            if name not in _SERIALIZED and name in state:
+                current = getattr(self, name, None)
+                if hasattr(current, "load_state_dict"):
+                    current.load_state_dict(state[name])
+                else:
+                    setattr(self, name, state[name])

@@ -10,7 +10,7 @@ from typing import Any, Union
 
 import torch
 
-__all__ = ["JSON", "Batch", "MemoryFormat", "PyTorchScheduler", "TrainerMode"]
+__all__ = ["JSON", "Batch", "Dataset", "MemoryFormat", "PyTorchScheduler", "TrainerMode"]
 
 #: A batch as the dataloader yields it: a tensor, a mapping of tensors, a list or tuple of
 #: tensors (nested), sample dimension first. See :mod:`cadence.core.data_spec`.
@@ -21,6 +21,9 @@ JSON = Union[str, float, int, None, list["JSON"], dict[str, "JSON"]]
 
 #: A torch learning-rate scheduler.
 PyTorchScheduler = torch.optim.lr_scheduler.LRScheduler
+
+#: A dataset of batches (``torch.utils.data.Dataset``), as Composer names it.
+Dataset = torch.utils.data.Dataset
 
 
 class MemoryFormat(str, Enum):

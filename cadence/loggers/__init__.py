@@ -5,7 +5,8 @@ brackets): :class:`ProgressBarLogger` (``progress_bar``), :class:`ConsoleLogger`
 :class:`FileLogger` (``file``), :class:`InMemoryLogger` (``in_memory``), :class:`WandBLogger`
 (``wandb``; needs ``pip install wandb``, imported only when its run starts),
 :class:`TensorboardLogger` (``tensorboard``; needs ``pip install tensorboard``),
-:class:`MLFlowLogger` (``mlflow``; needs ``pip install mlflow``). Each is imported on first
+:class:`MLFlowLogger` (``mlflow``; needs ``pip install mlflow``), :class:`RemoteUploaderDownloader`
+(``remote_uploader_downloader``; object storage through fsspec). Each is imported on first
 use (:mod:`cadence._lazy`); the registry imports them all on its first look-up
 (:data:`_REGISTERING_MODULES`). What the last three (experiment trackers) share is in
 :mod:`cadence.loggers.tracker_destination`.
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from cadence.loggers.progress_bar_logger import (
         ProgressBarLogger, default_progress_destination,
     )
+    from cadence.loggers.remote_uploader_downloader import RemoteUploaderDownloader
     from cadence.loggers.tensorboard_logger import TensorboardLogger, TensorBoardLogger
     from cadence.loggers.wandb_logger import WandBLogger
 
@@ -43,6 +45,7 @@ _LAZY = {
     "TensorboardLogger": "cadence.loggers.tensorboard_logger",
     "TensorBoardLogger": "cadence.loggers.tensorboard_logger",
     "MLFlowLogger": "cadence.loggers.mlflow_logger",
+    "RemoteUploaderDownloader": "cadence.loggers.remote_uploader_downloader",
 }
 
 __all__ = sorted(_LAZY)

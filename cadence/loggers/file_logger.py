@@ -379,12 +379,16 @@ class FileLogger(LoggerDestination):
         self._logger = logger if logger is not None else self._logger
         self._flush_file()
 
-    def close(self) -> None:
-        """Flush and close the file. Safe to call twice.
+    def close(self, state: Optional[State] = None, logger: Any = None) -> None:
+        """Flush, upload (``logger.upload_file``, when a destination stores files) and close
+        the file. Composer's signature, ``close(state, logger)``; both may be left out. Safe
+        to call twice.
 
         Metrics logged before the run name was ever known (no ``init``/``fit_start``) are
         written under the run name ``run``.
         """
+        del state
+        self._logger = logger if logger is not None else self._logger
         self._release_streams()
         if self._pending_lines or (self._hparams_dirty and self._folder is None):
             self._resolve("run")

@@ -50,6 +50,29 @@ class Logger:
         for destination in self.destinations:
             destination.log_table(columns, rows, name, step)
 
+    def log_images(self, images: Any, name: str = "Images", channels_last: bool = False,
+                   step: Optional[int] = None, masks: Optional[Mapping[str, Any]] = None,
+                   mask_class_labels: Optional[Mapping[int, str]] = None,
+                   use_table: bool = True) -> None:
+        """Log images to every destination that takes them (TensorBoard, W&B).
+
+        Args:
+            images: one image ``[C, H, W]`` / ``[H, W]`` or a batch ``[N, C, H, W]`` (a tensor,
+                a numpy array, or a sequence of images); ``[..., H, W, C]`` with
+                ``channels_last``. Float values in ``[0, 1]`` or integers in ``[0, 255]``.
+            name: the key; default ``"Images"``.
+            channels_last: the channel dimension is last; default ``False``.
+            step: default ``state.timestamp.batch``.
+            masks: ``{mask name: masks [N, H, W]}`` of class indices (segmentation), shown over
+                the images where the destination can (W&B).
+            mask_class_labels: ``{class index: label}`` for the masks.
+            use_table: W&B: put the images in a table; default ``True``.
+        """
+        step = int(self._state.timestamp.batch if step is None else step)
+        for destination in self.destinations:
+            destination.log_images(images, name, channels_last, step, masks, mask_class_labels,
+                                   use_table)
+
     def upload_file(self, remote_file_name: str, file_path: Union[pathlib.Path, str], *,
                     overwrite: bool = False) -> None:
         """Hand the local file ``file_path`` to every destination that stores files, under

@@ -1,22 +1,21 @@
 """The :class:`MLFlowLogger`: params, metrics and the run's end status to MLflow.
 
 Source: MosaicML Composer's ``MLFlowLogger`` (``composer/loggers/mlflow_logger.py``): its
-arguments (``experiment_name``, ``run_name``, ``tags``, ``tracking_uri``, ``rank_zero_only``,
-``flush_interval``) and environment variables (``MLFLOW_TRACKING_URI``,
-``MLFLOW_EXPERIMENT_NAME``). It writes through an ``MlflowClient`` (no global active run),
+arguments and environment variables (``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``). It writes through an ``MlflowClient`` (no global active run),
 and ends the run ``FAILED`` when training fails, where Composer always ends it
 ``FINISHED``. Needs ``mlflow`` (``pip install 'cadence[mlflow]'``).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import sys
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from cadence.loggers.logger_destination import to_python
 from cadence.loggers.tracker_destination import TrackerDestination, flatten_hyperparameters
@@ -50,7 +49,7 @@ def _local_default_uri() -> str:
     return "sqlite:///" + str((Path("runs") / "mlflow.db").resolve())
 
 
-def _client(tracking_uri: str) -> Any:
+def _client(tracking_uri: str, registry_uri: Optional[str] = None) -> Any:
     """An ``MlflowClient`` on ``tracking_uri`` (creating a SQLite store's folder).
 
     Importing MLflow's SQL store triggers SQLAlchemy 2.1's "The ``noload`` loader strategy
@@ -64,7 +63,7 @@ def _client(tracking_uri: str) -> Any:
                                 category=DeprecationWarning)
         from mlflow import MlflowClient
 
-        return MlflowClient(tracking_uri)
+        return MlflowClient(tracking_uri, registry_uri)
 
 
 @loggers.register("mlflow")
@@ -104,10 +103,34 @@ class MLFlowLogger(TrackerDestination):
         rank_zero_only: log on global rank zero only (default); else every rank starts its
             own MLflow run.
         flush_interval: seconds between sends of buffered metrics (default 10, as Composer).
+        model_registry_prefix: prefix of the names :meth:`register_model` registers under
+            (``{catalog}.{schema}`` for Unity Catalog); default ``""``.
+        model_registry_uri: the model registry (``databricks-uc`` for Unity Catalog); default
+            the tracking store.
+        synchronous: send each batch and wait for it (default ``True``), or hand it to
+            MLflow's asynchronous queue, drained at ``close`` (``False``, Composer's default:
+            a killed process loses what is queued, so cadence waits; the batches are already
+            buffered for ``flush_interval`` seconds).
+        log_system_metrics: run MLflow's system-metrics monitor (CPU, memory, disk, network,
+            GPU with ``pynvml``) for the run, sampling every 5 s and logging every 30 s;
+            default ``True``, as Composer. Needs ``psutil``.
+        rename_metrics: ``{name: new name}``, exact names; default none.
+        ignore_metrics: glob patterns (``fnmatch``) of metric names not logged.
+        ignore_hyperparameters: glob patterns of (flattened) param names not logged.
+        run_group: tagged on the run as ``run_group``.
+        resume: without a checkpoint's run id, continue the newest MLflow run of this
+            experiment tagged with this cadence run name instead of starting one (default
+            ``False``). Resuming a checkpoint always continues its MLflow run.
+        logging_buffer_seconds: with ``synchronous=False``, MLflow's async buffer
+            (``MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS``); default 10; ``None`` leaves it.
+        log_duplicated_metric_every_n_steps: a metric whose value equals the last one logged
+            is skipped until this many steps passed since that one (default 100, as
+            Composer); 0 logs every value.
 
     Raises:
         ImportError: ``mlflow`` is not installed, naming ``pip install mlflow``.
-        ValueError: ``flush_interval`` is negative.
+        ValueError: ``flush_interval`` is negative; a Unity Catalog ``model_registry_prefix``
+            that is not ``catalog.schema``; a negative ``log_duplicated_metric_every_n_steps``.
 
     Example (YAML)::
 
@@ -126,8 +149,40 @@ class MLFlowLogger(TrackerDestination):
         tracking_uri: Optional[str] = None,
         rank_zero_only: bool = True,
         flush_interval: float = 10.0,
+        model_registry_prefix: str = "",
+        model_registry_uri: Optional[str] = None,
+        synchronous: bool = True,
+        log_system_metrics: bool = True,
+        rename_metrics: Optional[dict[str, str]] = None,
+        ignore_metrics: Optional[Sequence[str]] = None,
+        ignore_hyperparameters: Optional[Sequence[str]] = None,
+        run_group: Optional[str] = None,
+        resume: bool = False,
+        logging_buffer_seconds: Optional[int] = 10,
+        log_duplicated_metric_every_n_steps: int = 100,
     ) -> None:
         super().__init__(rank_zero_only)
+        if model_registry_uri == "databricks-uc" and len(model_registry_prefix.split(".")) != 2:
+            raise ValueError(f"MLFlowLogger: with model_registry_uri='databricks-uc', "
+                             f"model_registry_prefix must be '<catalog>.<schema>', got "
+                             f"{model_registry_prefix!r}.")
+        if isinstance(log_duplicated_metric_every_n_steps, bool) or \
+                int(log_duplicated_metric_every_n_steps) < 0:
+            raise ValueError(f"MLFlowLogger log_duplicated_metric_every_n_steps must be an int "
+                             f">= 0, got {log_duplicated_metric_every_n_steps!r}.")
+        self.model_registry_prefix = model_registry_prefix
+        self.model_registry_uri = model_registry_uri
+        self.synchronous = bool(synchronous)
+        self.log_system_metrics = bool(log_system_metrics)
+        self.rename_metrics = dict(rename_metrics or {})
+        self.ignore_metrics = list(ignore_metrics or [])
+        self.ignore_hyperparameters = list(ignore_hyperparameters or [])
+        self.run_group = run_group
+        self.resume = bool(resume)
+        self.logging_buffer_seconds = logging_buffer_seconds
+        self.log_duplicated_metric_every_n_steps = int(log_duplicated_metric_every_n_steps)
+        self._last_logged: dict[str, tuple[float, int]] = {}  # name -> (value, step)
+        self._system_monitor: Any = None
         if isinstance(flush_interval, bool) or not isinstance(flush_interval, (int, float)) \
                 or flush_interval < 0:
             raise ValueError(f"MLFlowLogger flush_interval must be a number of seconds >= 0, "
@@ -156,7 +211,9 @@ class MLFlowLogger(TrackerDestination):
         if self._client is not None or self._closed or not self._enabled():
             return
         uri = self._resolved_uri()
-        client = _client(uri)
+        if not self.synchronous and self.logging_buffer_seconds:
+            os.environ["MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"] = str(self.logging_buffer_seconds)
+        client = _client(uri, self.model_registry_uri)
         name = (self.experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
                 or DEFAULT_EXPERIMENT_NAME)
         experiment = client.get_experiment_by_name(name)
@@ -169,10 +226,16 @@ class MLFlowLogger(TrackerDestination):
             self.experiment_id = client.create_experiment(name, artifact_location=artifacts)
         run_name = self._rank_name(self.run_name or state.run_name)
         run = self._resumed_run(client)
+        if run is None and self.resume:
+            run = self._run_by_name(client, state.run_name)
         if run is None:
+            group = {"run_group": self.run_group} if self.run_group else {}
             run = client.create_run(self.experiment_id, run_name=run_name,
-                                    tags={"cadence_run_name": state.run_name, **self.tags})
+                                    tags={"cadence_run_name": state.run_name, **group,
+                                          **self.tags})
         self._client, self.run_id = client, run.info.run_id
+        if self.log_system_metrics:
+            self._start_system_metrics(uri)
         log.info("MLflow run %s (%s) in experiment %r at %s%s", run_name, self.run_id, name, uri,
                  f", resumed at step {self.resumed_at}" if run.info.run_id == self.resume_id
                  else "")
@@ -202,6 +265,54 @@ class MLFlowLogger(TrackerDestination):
         self._params.update(logged)
         return run
 
+    def _run_by_name(self, client: Any, run_name: str) -> Any:
+        """``resume=True``: the newest run of the experiment tagged with ``run_name``, running
+        again, or ``None``."""
+        runs = client.search_runs([self.experiment_id],
+                                  filter_string=f"tags.cadence_run_name = '{run_name}'",
+                                  order_by=["attributes.start_time DESC"], max_results=1)
+        if not runs:
+            log.info("MLFlowLogger(resume=True): no MLflow run tagged %r; starting one.", run_name)
+            return None
+        client.update_run(runs[0].info.run_id, status="RUNNING")
+        self._params.update(runs[0].data.params)
+        return runs[0]
+
+    def _start_system_metrics(self, uri: str) -> None:
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+            monitor = SystemMetricsMonitor(self.run_id, sampling_interval=5,
+                                           samples_before_logging=6, resume_logging=True,
+                                           tracking_uri=uri)
+            monitor.start()
+        except Exception as error:  # noqa: BLE001 - psutil missing, an unsupported store
+            log.warning("MLFlowLogger: system metrics are not logged (%s); pass "
+                        "log_system_metrics=False to silence this.", error)
+            return
+        self._system_monitor = monitor
+
+    def register_model(self, model_uri: str, name: str, await_registration_for: int = 300,
+                       tags: Optional[dict[str, Any]] = None) -> Any:
+        """Register the model at ``model_uri`` (``runs:/<id>/<path>``, ``models:/...``) as a
+        new version of ``{model_registry_prefix}.{name}`` in the registry (Composer's
+        ``register_model``); the registered model is created when missing. Rank zero only.
+
+        Returns:
+            The ``ModelVersion``, or ``None`` on other ranks.
+        """
+        if not self._enabled() or self._client is None:
+            return None
+        full_name = f"{self.model_registry_prefix}.{name}" if self.model_registry_prefix else name
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self._client.get_registered_model(full_name)
+        except MlflowException:
+            self._client.create_registered_model(full_name)
+        return self._client.create_model_version(full_name, model_uri, run_id=self.run_id,
+                                                 tags=tags,
+                                                 await_creation_for=await_registration_for)
+
     def run_id_to_resume(self) -> Optional[str]:
         """The MLflow run id (kept in checkpoints), once the run started."""
         return self.run_id
@@ -216,14 +327,16 @@ class MLFlowLogger(TrackerDestination):
         params = [Param(k, v) for k, v in self._pending_params.items()]
         self._pending_params = {}
         for start in range(0, len(params), _MAX_PARAMS_PER_BATCH):
-            self._client.log_batch(self.run_id, params=params[start:start + _MAX_PARAMS_PER_BATCH])
+            self._client.log_batch(self.run_id, params=params[start:start + _MAX_PARAMS_PER_BATCH],
+                                   synchronous=self.synchronous)
         metrics = [Metric(key, value, millis, step if step is not None else 0)
                    for values, step, millis in self._pending_metrics
                    for key, value in values.items()]
         self._pending_metrics = []
         for start in range(0, len(metrics), _MAX_METRICS_PER_BATCH):
             self._client.log_batch(self.run_id,
-                                   metrics=metrics[start:start + _MAX_METRICS_PER_BATCH])
+                                   metrics=metrics[start:start + _MAX_METRICS_PER_BATCH],
+                                   synchronous=self.synchronous)
 
     # -- LoggerDestination ----------------------------------------------------------------
     def log_metrics(self, metrics: Mapping[str, Any], step: Optional[int] = None) -> None:
@@ -232,10 +345,17 @@ class MLFlowLogger(TrackerDestination):
         if not self._enabled() or self._closed:
             return
         values = {}
+        at = 0 if step is None else int(step)
         for key, value in metrics.items():
-            value = to_python(value)
-            if isinstance(value, (int, float)):
-                values[str(key)] = float(value)
+            value, key = to_python(value), str(key)
+            if not isinstance(value, (int, float)) or self._ignored(key, self.ignore_metrics):
+                continue
+            last = self._last_logged.get(key)
+            if (last is not None and last[0] == float(value)
+                    and 0 <= at - last[1] < self.log_duplicated_metric_every_n_steps):
+                continue  # the same value again within the window
+            self._last_logged[key] = (float(value), at)
+            values[self.rename_metrics.get(key, key)] = float(value)
         if values:
             self._pending_metrics.append((values, step, int(time.time() * 1000)))
         if time.monotonic() - self._last_flush >= self.flush_interval:
@@ -247,6 +367,8 @@ class MLFlowLogger(TrackerDestination):
         if not self._enabled() or self._closed:
             return
         for key, value in flatten_hyperparameters(hyperparameters).items():
+            if self._ignored(key, self.ignore_hyperparameters):
+                continue
             text = str(value)[:_MAX_PARAM_LENGTH]
             known = self._params.get(key)
             if known is None:
@@ -256,6 +378,10 @@ class MLFlowLogger(TrackerDestination):
                             "change, so the new value %r is not recorded.", key, known, text)
         if self._client is not None:
             self._flush()
+
+    @staticmethod
+    def _ignored(name: str, patterns: Sequence[str]) -> bool:
+        return any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
 
     # -- events (AFTER_LOAD and FIT_START start the run: TrackerDestination) ----------------
     def fit_start(self, state: State, logger: Any) -> None:
@@ -283,5 +409,11 @@ class MLFlowLogger(TrackerDestination):
         failed = self._fit_running or sys.exc_info()[0] is not None
         try:
             self._flush()
+            if self._system_monitor is not None:
+                self._system_monitor.finish()
+            if not self.synchronous:
+                import mlflow
+
+                mlflow.flush_async_logging()  # the queued batches reach the store first
         finally:
             self._client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")

@@ -8,7 +8,6 @@ Source: MosaicML Composer's ``ProgressBarLogger`` (``composer/loggers/progress_b
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any, Mapping, Optional, TextIO, Union
 
 from tqdm import tqdm
@@ -20,8 +19,10 @@ from cadence.loggers.console_logger import (
     format_metrics,
     format_value,
     is_eval_metric,
+    resolve_stream,
     total_epochs,
 )
+from cadence.loggers.logger_destination import to_python
 from cadence.loggers.logger_destination import LoggerDestination
 from cadence.config.registry import loggers
 
@@ -43,10 +44,13 @@ def _safe_len(obj: Any) -> Optional[int]:
 
 @loggers.register("progress_bar")
 class ProgressBarLogger(LoggerDestination):
-    """One tqdm bar per training epoch and one per evaluator, on rank zero only.
+    """tqdm bars for training and for each evaluator, on rank zero only.
 
-    The training bar counts batches (total: the dataloader's length, or the batches left
-    when ``max_duration`` is in batches and ends sooner) and shows the latest values it
+    As in Composer, when ``max_duration`` is in epochs (or unset) there is one training bar
+    per epoch, counting its batches (total: the dataloader's length); otherwise one bar for
+    the whole run, counting in ``max_duration``'s unit (batches, samples or tokens) up to
+    it. The hyperparameters are printed once (YAML) above the bars at the first
+    ``FIT_START``, ``EVAL_START`` or ``PREDICT_START``. The training bar shows the latest values it
     received through ``log_metrics``: ``loss`` (``loss/train/total``), ``lr`` (the first
     ``lr-*`` key, as :class:`~cadence.callbacks.LRMonitor` logs) and ``samples/s``
     (``throughput/samples_per_sec``, as :class:`~cadence.callbacks.SpeedMonitor` logs).
@@ -55,16 +59,28 @@ class ProgressBarLogger(LoggerDestination):
     Evaluator metrics (``metrics/<label>/...``) are written as a line above the bars.
 
     Args:
-        stream: where to draw; default ``sys.stdout`` (looked up when a bar opens).
-        dynamic_ncols: let the bar follow the terminal's width.
+        stream: ``'stdout'``, ``'stderr'`` (looked up when a bar opens) or a text stream;
+            default ``'stderr'`` (Composer's ``sys.stderr``).
+        log_traces: print the algorithm traces handed to :meth:`log_traces` above the bars.
+            Default False.
+        dynamic_ncols: let the bar follow the terminal's width (cadence's).
+
+    Raises:
+        ValueError: an unknown ``stream`` string.
     """
 
     #: Shows the run's progress: a Trainer adds no default progress destination beside it.
     is_progress: bool = True
 
-    def __init__(self, stream: Optional[TextIO] = None, dynamic_ncols: bool = True) -> None:
+    def __init__(self, stream: Union[str, TextIO, None] = "stderr", log_traces: bool = False,
+                 dynamic_ncols: bool = True) -> None:
+        resolve_stream(stream)  # an unknown name fails now
         self._stream = stream
+        self.should_log_traces = bool(log_traces)
         self.dynamic_ncols = dynamic_ncols
+        self.hparams: dict[str, Any] = {}
+        self.hparams_already_logged_to_console = False
+        self._train_unit: Optional[TimeUnit] = None  # what the training bar counts
         self._train_bar: Optional[tqdm] = None
         self._eval_bar: Optional[tqdm] = None
         self._latest: dict[str, Any] = {}  # display name -> value (maybe a tensor)
@@ -74,12 +90,50 @@ class ProgressBarLogger(LoggerDestination):
 
     @property
     def stream(self) -> TextIO:
-        """Where bars are drawn (``sys.stdout`` unless a stream was given)."""
-        return self._stream if self._stream is not None else sys.stdout
+        """Where bars are drawn (``'stdout'``/``'stderr'`` resolved now)."""
+        return resolve_stream(self._stream)
 
-    def _bar(self, total: Optional[int], desc: str, initial: int = 0, leave: bool = True) -> tqdm:
+    def _bar(self, total: Optional[int], desc: str, initial: int = 0, leave: bool = True,
+             unit: str = "ba") -> tqdm:
         return tqdm(total=total, desc=desc, initial=initial, leave=leave, file=self.stream,
-                    dynamic_ncols=self.dynamic_ncols, unit="ba")
+                    dynamic_ncols=self.dynamic_ncols, unit=unit)
+
+    def _write(self, text: str) -> None:
+        """A line above the bars (rank zero)."""
+        if get_global_rank() == 0:
+            tqdm.write(text, file=self.stream)
+
+    def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
+        """Keep the hyperparameters, printed once at the first fit, eval or predict."""
+        self.hparams.update(hyperparameters)
+
+    def log_traces(self, traces: Mapping[str, Any]) -> None:
+        """Print algorithm traces (name -> trace) when ``log_traces`` is set."""
+        if self.should_log_traces:
+            for name, trace in traces.items():
+                self._write(f"[trace]: {name}:{format_value(trace)}")
+
+    def _print_hparams(self) -> None:
+        if self.hparams_already_logged_to_console:
+            return
+        self.hparams_already_logged_to_console = True
+        if self.hparams:
+            import yaml
+
+            plain = {k: to_python(v) for k, v in self.hparams.items()}
+            try:
+                text = yaml.safe_dump(plain, sort_keys=False).rstrip()
+            except yaml.YAMLError:
+                text = "\n".join(f"{k}: {v!r}" for k, v in plain.items())
+            self._write("\n".join(["*" * 30, "Config:", text, "*" * 30]))
+
+    def fit_start(self, state: State, logger: Any) -> None:
+        del state, logger
+        self._print_hparams()
+
+    def predict_start(self, state: State, logger: Any) -> None:
+        del state, logger
+        self._print_hparams()
 
     # -- LoggerDestination ----------------------------------------------------------------
     def log_metrics(self, metrics: Mapping[str, Any], step: Optional[int] = None) -> None:
@@ -101,7 +155,7 @@ class ProgressBarLogger(LoggerDestination):
                 continue
             self._dirty = True
         if evals:
-            tqdm.write(f"[eval][batch {step}] {format_metrics(evals)}", file=self.stream)
+            self._write(f"[eval][batch {step}] {format_metrics(evals)}")
 
     def _postfix(self) -> dict[str, str]:
         postfix = {}
@@ -118,34 +172,42 @@ class ProgressBarLogger(LoggerDestination):
     # -- training -------------------------------------------------------------------------
     def epoch_start(self, state: State, logger: Any) -> None:
         del logger
-        if get_global_rank() != 0:
-            return
-        self._close_train_bar()
+        if get_global_rank() != 0 or self._train_bar is not None:
+            return  # a bar over the whole run (max_duration not in epochs) stays open
         timestamp = state.timestamp
-        total = None if state.dataloader_len is None else int(state.dataloader_len)
         max_duration = state.max_duration
-        if max_duration is not None and max_duration.unit == TimeUnit.BATCH:
-            left = int(max_duration.value) - int(timestamp.batch) + int(timestamp.batch_in_epoch)
-            total = left if total is None else min(total, left)
-        epochs = total_epochs(state)
-        desc = f"epoch {int(timestamp.epoch) + 1}" + (f"/{epochs}" if epochs else "")
-        self._train_bar = self._bar(total, desc, initial=int(timestamp.batch_in_epoch))
+        if max_duration is None or max_duration.unit == TimeUnit.EPOCH:
+            self._train_unit = None  # one bar per epoch, counting its batches
+            total = None if state.dataloader_len is None else int(state.dataloader_len)
+            epochs = total_epochs(state)
+            desc = f"epoch {int(timestamp.epoch) + 1}" + (f"/{epochs}" if epochs else "")
+            self._train_bar = self._bar(total, desc, initial=int(timestamp.batch_in_epoch))
+        else:
+            self._train_unit = max_duration.unit
+            unit = {TimeUnit.BATCH: "ba", TimeUnit.SAMPLE: "sp", TimeUnit.TOKEN: "tok"}.get(
+                max_duration.unit, max_duration.unit.value)
+            self._train_bar = self._bar(int(max_duration.value), "train",
+                                        initial=int(timestamp.get(max_duration.unit)), unit=unit)
 
     def batch_end(self, state: State, logger: Any) -> None:
-        del state, logger
+        del logger
         bar = self._train_bar
         if bar is None:
             return
-        if bar.total is not None and bar.n + 1 > bar.total:
-            bar.total = bar.n + 1  # a dataloader longer than announced: never overflow
+        timestamp = state.timestamp
+        done = int(timestamp.batch_in_epoch if self._train_unit is None
+                   else timestamp.get(self._train_unit))
+        if bar.total is not None and done > bar.total:
+            bar.total = done  # a dataloader longer than announced: never overflow
         if self._dirty:
             bar.set_postfix(self._postfix(), refresh=False)
             self._dirty = False
-        bar.update(1)
+        bar.update(max(0, done - bar.n))
 
     def epoch_end(self, state: State, logger: Any) -> None:
         del state, logger
-        self._close_train_bar()
+        if self._train_unit is None:  # per-epoch bars close; a whole-run bar stays open
+            self._close_train_bar()
 
     def fit_end(self, state: State, logger: Any) -> None:
         del state, logger
@@ -166,6 +228,7 @@ class ProgressBarLogger(LoggerDestination):
 
     def eval_start(self, state: State, logger: Any) -> None:
         del logger
+        self._print_hparams()
         if get_global_rank() != 0:
             return
         self._close_eval_bar()
@@ -173,7 +236,7 @@ class ProgressBarLogger(LoggerDestination):
         label, total = "eval", None
         if self._eval_index < len(state.evaluators):
             evaluator = state.evaluators[self._eval_index]
-            label, total = evaluator.label, _safe_len(evaluator.dataloader)
+            label, total = evaluator.label, _safe_len(evaluator.dataloader.dataloader)
         self._eval_index += 1
         self._eval_bar = self._bar(total, label, leave=False)
 
@@ -202,30 +265,39 @@ class ProgressBarLogger(LoggerDestination):
 
 
 def default_progress_destination(
-    progress_bar: bool, console_log_interval: Union[int, str, Time] = 10,
-    stream: Optional[TextIO] = None,
+    progress_bar: bool, console_log_interval: Union[int, str, Time] = "10ba",
+    stream: Union[str, TextIO, None] = "stderr", log_traces: bool = False,
 ) -> Optional[LoggerDestination]:
-    """The destination that shows a run's progress on stdout.
+    """The destination that shows a run's progress on ``stream``.
 
-    A tqdm :class:`ProgressBarLogger` when stdout is a terminal; otherwise (CI logs, files,
-    pipes, where a bar would write carriage returns) a :class:`ConsoleLogger` that prints a
-    plain line every ``console_log_interval``. Both print on rank zero only.
+    A tqdm :class:`ProgressBarLogger` when ``stream`` is a terminal; otherwise (CI logs,
+    files, pipes, where a bar would write carriage returns) a :class:`ConsoleLogger` that
+    prints a record every ``console_log_interval``. Both print on rank zero only.
 
     Args:
         progress_bar: whether to show progress at all; ``False`` gives ``None``.
-        console_log_interval: the :class:`ConsoleLogger` interval (``int`` batches, or
-            ``"10ba"`` / ``"1ep"``), used when stdout is not a terminal.
-        stream: where to write; default ``sys.stdout`` (looked up at write time).
+        console_log_interval: the :class:`ConsoleLogger` interval (``"10ba"`` / ``"1ep"``;
+            an ``int`` is epochs, as Composer reads it), used when ``stream`` is not a
+            terminal.
+        stream: ``'stdout'``, ``'stderr'`` (default) or a text stream.
+        log_traces: passed to the destination.
 
     Returns:
         The destination to add to the run's loggers, or ``None``.
+
+    Raises:
+        ValueError: an unknown ``stream`` string.
     """
     if not progress_bar:
         return None
     try:
-        on_terminal = bool((stream or sys.stdout).isatty())
-    except (AttributeError, ValueError, OSError):  # replaced, closed or detached stdout
+        on_terminal = bool(resolve_stream(stream).isatty())
+    except (AttributeError, OSError):  # replaced, closed or detached stream
         on_terminal = False
+    except ValueError:
+        if isinstance(stream, str):
+            raise
+        on_terminal = False  # a closed stream
     if on_terminal:
-        return ProgressBarLogger(stream=stream)
-    return ConsoleLogger(log_interval=console_log_interval, stream=stream)
+        return ProgressBarLogger(stream=stream, log_traces=log_traces)
+    return ConsoleLogger(log_interval=console_log_interval, stream=stream, log_traces=log_traces)

@@ -1,4 +1,5 @@
-"""The :class:`TensorboardLogger`: scalars and hyperparameters to TensorBoard event files.
+"""The :class:`TensorboardLogger`: scalars, hyperparameters, tables (as Markdown text) and
+images to TensorBoard event files.
 
 Source: MosaicML Composer's ``TensorboardLogger`` (``composer/loggers/tensorboard_logger.py``):
 its arguments (``log_dir``, ``flush_interval``, ``rank_zero_only``) and flush points; the
@@ -12,17 +13,41 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from cadence.utils.dist import get_global_rank
-from cadence.loggers.logger_destination import to_python
+from cadence.loggers.logger_destination import image_batch, mask_batch, to_python
 from cadence.loggers.tracker_destination import TrackerDestination, flatten_hyperparameters
 from cadence.config.registry import loggers
 
 if TYPE_CHECKING:
     from cadence.core.state import State
 
-__all__ = ["TensorboardLogger", "TensorBoardLogger"]
+__all__ = ["TensorboardLogger", "TensorBoardLogger", "markdown_table"]
+
+
+def _cell(value: Any) -> str:
+    text = str(to_python(value))
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r\n", "<br>") \
+        .replace("\n", "<br>")
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """``columns`` and ``rows`` as a GitHub-flavoured Markdown table (what TensorBoard's
+    text plugin renders): a header row, a ``---`` rule, one line per row; ``|`` escaped,
+    line breaks as ``<br>``.
+
+    Raises:
+        ValueError: a row's length differs from ``len(columns)``.
+    """
+    lines = ["| " + " | ".join(_cell(c) for c in columns) + " |",
+             "|" + "---|" * len(columns)]
+    for index, row in enumerate(rows):
+        if len(row) != len(columns):
+            raise ValueError(f"Table row {index} has {len(row)} values for {len(columns)} "
+                             f"columns {list(columns)}.")
+        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+    return "\n".join(lines)
 
 
 @loggers.register("tensorboard")
@@ -35,7 +60,9 @@ class TensorboardLogger(TrackerDestination):
     ``hyperparameters``: the YAML config and the seed) are flattened to dotted keys
     (:func:`~cadence.loggers.tracker_destination.flatten_hyperparameters`) and written
     once the writer exists, both for the HPARAMS tab and as a JSON text summary named
-    ``hyperparameters``.
+    ``hyperparameters``. A table (:meth:`log_table`, e.g. the
+    :class:`~cadence.callbacks.Generate` callback's ``generations``) is a Markdown text
+    summary under its name, at its step.
 
     The writer is created at ``AFTER_LOAD`` (when the run name, and the step a resumed run
     starts from, are known); anything logged before is kept and written then. A run that
@@ -79,6 +106,7 @@ class TensorboardLogger(TrackerDestination):
         self._closed = False
         self._hyperparameters: dict[str, Any] = {}
         self._pending: list[tuple[dict[str, Any], Optional[int]]] = []
+        self._pending_tables: list[tuple[str, str, Optional[int]]] = []
 
     def _folder(self, state: State) -> Path:
         if self.log_dir is not None:
@@ -105,6 +133,9 @@ class TensorboardLogger(TrackerDestination):
         pending, self._pending = self._pending, []
         for metrics, step in pending:
             self._write(metrics, step)
+        tables, self._pending_tables = self._pending_tables, []
+        for name, text, step in tables:
+            self.writer.add_text(name, text, global_step=step)
 
     def _write(self, metrics: Mapping[str, Any], step: Optional[int]) -> None:
         for name, value in metrics.items():
@@ -145,6 +176,38 @@ class TensorboardLogger(TrackerDestination):
         if self.writer is not None:
             self._write_hyperparameters()
 
+    def log_table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+                  name: str = "Table", step: Optional[int] = None) -> None:
+        """Write the table as a Markdown table in a text summary ``name`` at ``step``
+        (``add_text``; the TEXT tab renders it; the event file holds it under the tag
+        ``{name}/text_summary``). A ``|`` in a cell is escaped and a line break becomes
+        ``<br>``, so each row stays one table row."""
+        self._start_after_init()
+        if not self._enabled() or self._closed:
+            return
+        text = markdown_table(columns, rows)
+        if self.writer is None:
+            self._pending_tables.append((name, text, step))
+        else:
+            self.writer.add_text(name, text, global_step=step)
+
+    def log_images(self, images: Any, name: str = "Images", channels_last: bool = False,
+                   step: Optional[int] = None, masks: Optional[Mapping[str, Any]] = None,
+                   mask_class_labels: Optional[Mapping[int, str]] = None,
+                   use_table: bool = True) -> None:
+        """Write ``images`` as one image grid entry ``name`` at ``step`` (``add_images``);
+        ``masks`` are written beside them as ``{name}/{mask name}`` gray images scaled to the
+        largest class index."""
+        del mask_class_labels, use_table
+        self._start_after_init()
+        if not self._enabled() or self._closed or self.writer is None:
+            return
+        self.writer.add_images(name, image_batch(images, channels_last), global_step=step)
+        for mask_name, mask in (masks or {}).items():
+            classes = mask_batch(mask).unsqueeze(1).float()  # [N, 1, H, W]
+            self.writer.add_images(f"{name}/{mask_name}", classes / classes.max().clamp(min=1.0),
+                                   global_step=step)
+
     # -- events (AFTER_LOAD and FIT_START start the writer: TrackerDestination) -------------
     def batch_end(self, state: State, logger: Any) -> None:
         del logger
@@ -169,6 +232,7 @@ class TensorboardLogger(TrackerDestination):
         self._start_after_init()
         self._closed = True
         self._pending = []
+        self._pending_tables = []
         if self.writer is not None:
             writer, self.writer = self.writer, None
             writer.close()

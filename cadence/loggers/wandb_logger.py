@@ -1,18 +1,22 @@
-"""The :class:`WandBLogger`: metrics and hyperparameters to Weights & Biases.
+"""The :class:`WandBLogger`: metrics, hyperparameters and (``log_artifacts``) files such as
+checkpoints to Weights & Biases.
 
-Source: MosaicML Composer's ``WandBLogger`` (``composer/loggers/wandb_logger.py``), trimmed
-to metrics and hyperparameters. ``wandb`` is an optional dependency (``pip install wandb``),
-imported only when the logger starts its run.
+Source: MosaicML Composer's ``WandBLogger`` (``composer/loggers/wandb_logger.py``); W&B
+artifacts (https://docs.wandb.ai/guides/artifacts). ``wandb`` is an optional dependency
+(``pip install wandb``), imported only when the logger starts its run.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import logging
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from cadence.loggers.file_logger import jsonable
-from cadence.loggers.logger_destination import to_python
+from cadence.loggers.logger_destination import image_batch, mask_batch, to_python
 from cadence.loggers.tracker_destination import TrackerDestination
 from cadence.config.registry import loggers
 
@@ -20,6 +24,8 @@ if TYPE_CHECKING:
     from cadence.core.state import State
 
 __all__ = ["WandBLogger"]
+
+log = logging.getLogger(__name__)
 
 @loggers.register("wandb")
 class WandBLogger(TrackerDestination):
@@ -44,6 +50,16 @@ class WandBLogger(TrackerDestination):
     first value logged at a step: after a hard kill, the steps the killed attempt logged
     past its last checkpoint keep that attempt's values (the ``file`` logger marks them).
 
+    With ``log_artifacts=True`` the files the run hands to ``logger.upload_file`` (every
+    checkpoint the Trainer saves, ``metrics.jsonl``) become W&B artifacts, as in Composer:
+    named after the file (characters other than letters, digits, ``-``, ``_`` and ``.``
+    become ``.``, noted once in the log), of type the file's extension (``pt`` becomes ``model``,
+    for W&B's model registry), with the run's timestamp as metadata (``timestamp/<field>``,
+    and ``eval_timestamp/<field>`` during eval), and the aliases ``latest`` and
+    ``ep<epoch>-ba<batch>``. The file is copied into W&B's staging area at the call
+    (``policy="mutable"``), so the run may delete it afterwards; the upload itself happens
+    in W&B's background process. :meth:`download_file` fetches one back.
+
     The run is finished (``run.finish()``) in :meth:`close`, which is safe to call twice.
     To log without a W&B account or network, set ``WANDB_MODE=offline`` (or pass
     ``init_kwargs={"mode": "offline"}``): the run is written under ``<dir>/wandb/offline-run-*``
@@ -62,6 +78,8 @@ class WandBLogger(TrackerDestination):
         rank_zero_only: start a run on global rank zero only (default); else on every rank.
         init_kwargs: more keyword arguments for ``wandb.init`` (``mode``, ``notes``,
             ``settings``, ``reinit``, ...); they override the arguments above.
+        log_artifacts: store the files handed to ``upload_file`` as W&B artifacts (see
+            above). Default False.
 
     Raises:
         ImportError: ``wandb`` is not installed (at construction, and when the run starts), naming
@@ -80,13 +98,14 @@ class WandBLogger(TrackerDestination):
     def __init__(
         self,
         project: Optional[str] = None,
-        entity: Optional[str] = None,
-        name: Optional[str] = None,
-        tags: Optional[Sequence[str]] = None,
         group: Optional[str] = None,
-        dir: Optional[str] = None,  # noqa: A002 - the name wandb.init uses
+        name: Optional[str] = None,
+        entity: Optional[str] = None,
+        tags: Optional[Sequence[str]] = None,
+        log_artifacts: bool = False,
         rank_zero_only: bool = True,
         init_kwargs: Optional[Mapping[str, Any]] = None,
+        dir: Optional[str] = None,  # noqa: A002 - the name wandb.init uses
     ) -> None:
         super().__init__(rank_zero_only)
         init_kwargs = dict(init_kwargs or {})
@@ -103,6 +122,8 @@ class WandBLogger(TrackerDestination):
         self.group = group
         self.dir = dir
         self.init_kwargs = init_kwargs
+        self.log_artifacts = bool(log_artifacts)
+        self._renamed_noted = False
         self._run: Any = None
         self._run_id: Optional[str] = None
         self._finished = False
@@ -185,6 +206,109 @@ class WandBLogger(TrackerDestination):
         else:
             self._run.config.update(config, allow_val_change=True)
 
+    def log_table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+                  name: str = "Table", step: Optional[int] = None) -> None:
+        """Log the table as a ``wandb.Table`` under ``name`` at ``step``."""
+        self._start_after_init()
+        if not self._enabled() or self._finished or self._run is None:
+            return
+        wandb = self.import_package()
+        data = [[to_python(value) for value in row] for row in rows]
+        self._log({name: wandb.Table(columns=list(columns), data=data)}, step)
+
+    def log_images(self, images: Any, name: str = "Images", channels_last: bool = False,
+                   step: Optional[int] = None, masks: Optional[Mapping[str, Any]] = None,
+                   mask_class_labels: Optional[Mapping[int, str]] = None,
+                   use_table: bool = True) -> None:
+        """Log ``images`` as a list of ``wandb.Image`` s under ``name``, with segmentation
+        ``masks`` overlaid (``mask_class_labels`` names their classes).
+
+        ``use_table`` is accepted and has no effect: a ``wandb.Table`` of images is written
+        without its image files by wandb 0.31 (the table holds the text ``"Image"``), so the
+        images are always logged as a list, which the W&B UI shows as a media panel."""
+        del use_table
+        self._start_after_init()
+        if not self._enabled() or self._finished or self._run is None:
+            return
+        wandb = self.import_package()
+        batch = image_batch(images, channels_last)
+        mask_batches = {k: mask_batch(v) for k, v in (masks or {}).items()}
+        pictures = []
+        for index, image in enumerate(batch):
+            overlays = {k: {"mask_data": m[index].numpy(),
+                            **({"class_labels": dict(mask_class_labels)}
+                               if mask_class_labels else {})}
+                        for k, m in mask_batches.items()}
+            pictures.append(wandb.Image(image.permute(1, 2, 0).numpy(),
+                                        masks=overlays or None))
+        self._log({name: pictures}, step)
+
+    # -- artifacts ------------------------------------------------------------------------
+    def can_upload_files(self) -> bool:
+        """Whether files go to W&B: ``log_artifacts``."""
+        return self.log_artifacts
+
+    def upload_file(self, state: State, remote_file_name: str, file_path: Path, *,
+                    overwrite: bool) -> None:
+        """Log the file ``file_path`` as a W&B artifact named after ``remote_file_name`` (see
+        the class docstring); nothing when ``log_artifacts`` is False or this rank has no
+        run. ``overwrite`` is ignored: W&B versions artifacts of one name instead."""
+        del overwrite
+        self._start_after_init()
+        if not self.log_artifacts or not self._enabled() or self._finished:
+            return
+        if self._run is None:
+            self._start(state)
+        wandb = self.import_package()
+        name = re.sub(r"[^a-zA-Z0-9-_.]", ".", remote_file_name)
+        if name != remote_file_name and not self._renamed_noted:
+            self._renamed_noted = True  # Composer warns on every file; its default names do
+            log.info("WandBLogger: W&B artifact names allow only letters, digits, '-', '_' "
+                     "and '.'; other characters become '.' (%r is stored as %r).",
+                     remote_file_name, name)
+        extension = name.rsplit(".", 1)[-1] if "." in name else "file"
+        timestamp = state.timestamp
+        metadata = {f"timestamp/{k}": _plain(v) for k, v in timestamp.state_dict().items()}
+        if state.dataloader is not None and state.dataloader is not state.train_dataloader:
+            metadata.update({f"eval_timestamp/{k}": _plain(v)
+                             for k, v in state.eval_timestamp.state_dict().items()})
+        artifact = wandb.Artifact(name=name, type="model" if extension == "pt" else extension,
+                                  metadata=metadata)
+        artifact.add_file(os.path.abspath(file_path), policy="mutable")  # copied now
+        aliases = ["latest", f"ep{int(timestamp.epoch)}-ba{int(timestamp.batch)}"]
+        self._run.log_artifact(artifact, aliases=aliases)
+
+    def download_file(self, remote_file_name: str, destination: str, overwrite: bool = False,
+                      progress_bar: bool = True) -> None:
+        """Download the artifact ``remote_file_name`` (``name`` or ``name:alias``, default
+        alias ``latest``; ``entity/project/`` is added from this logger's when missing) to
+        the file ``destination``, through W&B's public API (needs the network and an
+        account; not available offline).
+
+        Raises:
+            FileExistsError: ``destination`` exists and ``overwrite`` is False.
+            FileNotFoundError: the artifact does not exist or holds no single file.
+        """
+        del progress_bar
+        if os.path.exists(destination) and not overwrite:
+            raise FileExistsError(f"{destination} exists; pass overwrite=True to replace it.")
+        wandb = self.import_package()
+        name = remote_file_name if ":" in remote_file_name else f"{remote_file_name}:latest"
+        if name.count("/") < 2:
+            prefix = "/".join(p for p in (self.entity, self.project) if p)
+            name = f"{prefix}/{name}" if prefix else name
+        try:
+            artifact = wandb.Api().artifact(name=name)
+        except wandb.errors.CommError as exc:
+            raise FileNotFoundError(f"W&B artifact {name} could not be fetched: {exc}") from exc
+        with tempfile.TemporaryDirectory(prefix="cadence-wandb-") as tmp:
+            artifact.download(root=tmp)
+            files = [p for p in Path(tmp).rglob("*") if p.is_file()]
+            if len(files) != 1:
+                raise FileNotFoundError(f"W&B artifact {name} holds {len(files)} files, not one.")
+            Path(destination).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(files[0], destination)
+
     # -- events (AFTER_LOAD and FIT_START start the run: TrackerDestination) ---------------
     def close(self) -> None:
         """Finish the W&B run (``run.finish()``), flushing what was logged. Safe to call twice.
@@ -198,3 +322,9 @@ class WandBLogger(TrackerDestination):
             run, self._run = self._run, None
             self._finished = True
             run.finish()
+
+
+def _plain(value: Any) -> Any:
+    """A timestamp field as JSON (``datetime.timedelta``: seconds)."""
+    seconds = getattr(value, "total_seconds", None)
+    return seconds() if callable(seconds) else to_python(value)

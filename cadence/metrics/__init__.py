@@ -9,11 +9,16 @@ from typing import TYPE_CHECKING
 from cadence._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from cadence.metrics.metrics import CrossEntropy, LossMetric
-    from cadence.metrics.nlp import LanguageCrossEntropy, LanguagePerplexity, MaskedAccuracy
+    from cadence.metrics.metrics import CrossEntropy, Dice, LossMetric, MIoU
+    from cadence.metrics.nlp import (
+        BinaryF1Score, LanguageCrossEntropy, LanguagePerplexity, MaskedAccuracy,
+    )
 
 _LAZY = {
+    "BinaryF1Score": "cadence.metrics.nlp",
     "CrossEntropy": "cadence.metrics.metrics",
+    "Dice": "cadence.metrics.metrics",
+    "MIoU": "cadence.metrics.metrics",
     "LossMetric": "cadence.metrics.metrics",
     "LanguageCrossEntropy": "cadence.metrics.nlp",
     "LanguagePerplexity": "cadence.metrics.nlp",

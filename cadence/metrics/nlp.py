@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
 
-__all__ = ["LanguageCrossEntropy", "LanguagePerplexity", "MaskedAccuracy"]
+__all__ = ["BinaryF1Score", "LanguageCrossEntropy", "LanguagePerplexity", "MaskedAccuracy"]
 
 
 class LanguageCrossEntropy(Metric):
@@ -51,7 +51,7 @@ class LanguageCrossEntropy(Metric):
     sum_loss: torch.Tensor
     total_items: torch.Tensor
 
-    def __init__(self, ignore_index: int = -100, dist_sync_on_step: bool = False) -> None:
+    def __init__(self, dist_sync_on_step: bool = False, ignore_index: int = -100) -> None:
         super().__init__(dist_sync_on_step=dist_sync_on_step)
         self.ignore_index = ignore_index
         self.add_state("sum_loss", default=torch.tensor(0.0), dist_reduce_fx="sum")
@@ -156,3 +156,41 @@ class MaskedAccuracy(Metric):
     def compute(self) -> torch.Tensor:
         """``correct / total`` as a float in ``[0, 1]`` (``nan`` before any target)."""
         return self.correct.float() / self.total
+
+
+class BinaryF1Score(Metric):
+    """F1 score of a two-class classifier: ``2 TP / (2 TP + FP + FN)``, class 1 positive.
+
+    ``update(output, target)``: ``output`` ``[N, 2]`` scores (argmax over dim 1), ``target``
+    ``[N]`` in ``{0, 1}``. States (summed across ranks): ``true_positive``,
+    ``false_positive``, ``false_negative``.
+
+    Args:
+        dist_sync_on_step: torchmetrics option; default ``False``.
+
+    Raises:
+        ValueError: (``compute``) nothing was counted (no positives predicted or present).
+
+    Source: Composer's ``BinaryF1Score`` (``composer/metrics/nlp.py``).
+    """
+
+    full_state_update = False
+
+    def __init__(self, dist_sync_on_step: bool = False) -> None:
+        super().__init__(dist_sync_on_step=dist_sync_on_step)
+        for name in ("true_positive", "false_positive", "false_negative"):
+            self.add_state(name, default=torch.tensor(0), dist_reduce_fx="sum")
+
+    def update(self, output: torch.Tensor, target: torch.Tensor) -> None:
+        predicted = output.argmax(dim=1).bool()
+        positive = target.bool()
+        self.true_positive += (predicted & positive).sum()
+        self.false_positive += (predicted & ~positive).sum()
+        self.false_negative += (~predicted & positive).sum()
+
+    def compute(self) -> torch.Tensor:
+        denominator = 2 * self.true_positive + self.false_positive + self.false_negative
+        if int(denominator) == 0:
+            raise ValueError("BinaryF1Score: no positive sample was predicted or seen; F1 is "
+                             "undefined.")
+        return 2 * self.true_positive / denominator

@@ -16,6 +16,7 @@ __all__ = [
     "ComposerModel",
     "CrossEntropy",
     "HuggingFaceModel",
+    "Initializer",
     "LanguageCrossEntropy",
     "LanguagePerplexity",
     "LossMetric",
@@ -26,6 +27,7 @@ __all__ = [
     "is_sequence_classifier",
     "load_tokenizer",
     "tasks",
+    "write_huggingface_pretrained_from_composer_checkpoint",
 ]
 
 _LAZY = {
@@ -34,6 +36,7 @@ _LAZY = {
     "LossMetric": "cadence.metrics.metrics",
     "MaskedAccuracy": "cadence.metrics.nlp",
     "HuggingFaceModel": "cadence.models.huggingface",
+    "Initializer": "cadence.models.initializers",
     "is_causal_lm": "cadence.models.huggingface",
     "is_sequence_classifier": "cadence.models.huggingface",
     "LanguageCrossEntropy": "cadence.metrics.nlp",
@@ -41,6 +44,7 @@ _LAZY = {
     "gpt2": "cadence.models.gpt",
     "hf_pretrained": "cadence.models.gpt",
     "load_tokenizer": "cadence.models.gpt",
+    "write_huggingface_pretrained_from_composer_checkpoint": "cadence.models.huggingface",
 }
 
 

@@ -29,7 +29,8 @@ from cadence.models.base import ComposerModel
 from cadence.metrics.nlp import LanguageCrossEntropy, LanguagePerplexity
 from cadence.utils.flops import transformer_flops_per_token
 
-__all__ = ["HuggingFaceModel", "MetricsArg", "is_causal_lm", "is_sequence_classifier"]
+__all__ = ["HuggingFaceModel", "MetricsArg", "is_causal_lm", "is_sequence_classifier",
+           "write_huggingface_pretrained_from_composer_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -158,11 +159,11 @@ class HuggingFaceModel(ComposerModel):
         self,
         model: PreTrainedModel,
         tokenizer: Optional[Any] = None,
+        use_logits: bool = False,
         metrics: MetricsArg = None,
         eval_metrics: MetricsArg = None,
         shift_labels: Optional[bool] = None,
         allow_embedding_resizing: bool = False,
-        use_logits: bool = False,
         peft_config: Optional[Any] = None,
         should_save_peft_only: bool = True,
     ) -> None:
@@ -305,6 +306,9 @@ class HuggingFaceModel(ComposerModel):
             ValueError: the model returned no loss, which happens when ``batch`` has no
                 ``labels``; the message says how to add them.
         """
+        labels = batch.get("labels") if isinstance(batch, Mapping) else None
+        if isinstance(labels, torch.Tensor) and labels.is_floating_point():
+            return self._soft_label_loss(outputs, batch, labels)  # e.g. LabelSmoothing's
         loss = _field(outputs, "loss")
         if loss is None:
             keys = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
@@ -316,6 +320,24 @@ class HuggingFaceModel(ComposerModel):
             )
         return loss
 
+    def _soft_label_loss(self, outputs: Any, batch: Mapping[str, Any],
+                         labels: torch.Tensor) -> torch.Tensor:
+        """Cross entropy against class probabilities ``labels`` of the logits' shape
+        (``[batch, seq, vocab]`` or ``[batch, labels]``; all-zero rows are ignored), shifted
+        one token for a causal LM as the model's own loss shifts index labels; the mean over
+        counted rows, or their sum over ``num_items_in_batch`` when the batch carries it."""
+        logits = self._logits(outputs)
+        if labels.shape != logits.shape:
+            raise ValueError(f"Probability labels must have the logits' shape {tuple(logits.shape)}, "
+                             f"got {tuple(labels.shape)}.")
+        if self.shift_labels and logits.dim() == 3:
+            logits, labels = logits[:, :-1], labels[:, 1:]
+        per_row = -(labels * torch.log_softmax(logits.float(), dim=-1)).sum(dim=-1)
+        count = batch.get("num_items_in_batch")
+        if count is None:
+            count = labels.sum().clamp(min=1)  # rows of probabilities sum to 1 each
+        return per_row.sum() / count
+
     def eval_forward(self, batch: Mapping[str, Any], outputs: Optional[Any] = None) -> torch.Tensor:
         """Logits for metric updates: ``[batch, seq, vocab]`` (LM) or ``[batch, labels]``
         (classifier). Reuses ``outputs`` of :meth:`forward` when given."""
@@ -325,6 +347,38 @@ class HuggingFaceModel(ComposerModel):
         if self.use_logits and logits.ndim == 2 and logits.shape[1] == 1:
             logits = logits.squeeze(dim=1)  # [batch, 1] -> [batch], as Composer
         return logits
+
+    def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """Generate tokens with the wrapped model's ``generate`` (Composer's
+        ``HuggingFaceModel.generate``), e.g. ``max_new_tokens=``, ``do_sample=``.
+
+        ``pad_token_id`` defaults to the tokenizer's pad token, else its eos token. On several
+        ranks with a sharded model, pass ``synced_gpus=True`` so every rank keeps running the
+        forward (which gathers the shards) until the longest generation ends.
+
+        Args:
+            input_ids: prompts ``[batch, prompt_len]`` (left-padded for a batch).
+            kwargs: passed to ``transformers``' ``generate``.
+
+        Returns:
+            ``[batch, prompt_len + new_tokens]`` token ids.
+        """
+        tokenizer = self.tokenizer
+        if "pad_token_id" not in kwargs and tokenizer is not None:
+            pad = tokenizer.pad_token_id
+            kwargs["pad_token_id"] = tokenizer.eos_token_id if pad is None else pad
+        # Under FSDP2 this wrapper is the root unit, and generate() calls the wrapped model,
+        # not this module's forward, so the root's own shards (embeddings, final norm) would
+        # stay sharded: gather them for the whole generation (the blocks gather their own in
+        # their forward hooks), then free them.
+        unshard, reshard = getattr(self, "unshard", None), getattr(self, "reshard", None)
+        if callable(unshard) and callable(reshard):
+            unshard()
+            try:
+                return self.model.generate(input_ids=input_ids, **kwargs)
+            finally:
+                reshard()
+        return self.model.generate(input_ids=input_ids, **kwargs)
 
     def get_metrics(self, is_train: bool = False) -> dict[str, torchmetrics.Metric]:
         """Fresh (deep-copied) ``{name: metric}`` for training (``is_train``) or eval."""
@@ -611,6 +665,43 @@ class HuggingFaceModel(ComposerModel):
     # ----------------------------------------------------------------- helpers
 
     @staticmethod
+    def hf_from_composer_checkpoint(
+        checkpoint_path: str,
+        model_instantiation_class: Any = None,
+        model_config_kwargs: Optional[dict] = None,
+        local_checkpoint_save_location: Optional[Union[str, os.PathLike[str]]] = None,
+        trust_remote_code: bool = False,
+    ) -> tuple[Any, Any]:
+        """The ``transformers`` model and tokenizer saved in a checkpoint of a
+        ``HuggingFaceModel`` (Composer's ``HuggingFaceModel.hf_from_composer_checkpoint``):
+        a ``full`` checkpoint cadence or Composer 0.32 wrote, or a cadence ``sharded`` one.
+
+        Args:
+            checkpoint_path: a local path or an fsspec URL (downloaded first).
+            model_instantiation_class: the class to build (a ``transformers`` class or its
+                name; an ``AutoModelFor...`` class builds through ``from_config``); default
+                the class the checkpoint names.
+            model_config_kwargs: config fields to override.
+            local_checkpoint_save_location: keep the downloaded checkpoint there.
+            trust_remote_code: passed to an ``AutoModel`` class's ``from_config``.
+
+        Returns:
+            ``(model, tokenizer)``; the tokenizer is None when the run had none. To write
+            them out: ``model.save_pretrained(dir)``, ``tokenizer.save_pretrained(dir)``
+            (or ``cadence convert CHECKPOINT --to hf DIR``).
+
+        Raises:
+            CheckpointError: the checkpoint is not a ``HuggingFaceModel``'s, cannot be read,
+                or its weights do not fit the class.
+        """
+        from cadence.checkpoint.export import hf_from_checkpoint_path
+
+        return hf_from_checkpoint_path(
+            str(checkpoint_path), model_instantiation_class, model_config_kwargs,
+            None if local_checkpoint_save_location is None
+            else str(local_checkpoint_save_location), trust_remote_code)
+
+    @staticmethod
     def _logits(outputs: Any) -> torch.Tensor:
         if isinstance(outputs, torch.Tensor):
             return outputs
@@ -634,3 +725,31 @@ def _children_first(module: nn.Module) -> list[nn.Module]:
 
     visit(module)
     return order
+
+
+def write_huggingface_pretrained_from_composer_checkpoint(
+    checkpoint_path: Union[str, os.PathLike[str]],
+    output_folder: Union[str, os.PathLike[str]],
+    local_checkpoint_save_location: Optional[Union[str, os.PathLike[str]]] = None,
+) -> None:
+    """Write the ``transformers`` model of a ``HuggingFaceModel`` checkpoint to
+    ``output_folder`` so ``from_pretrained(output_folder)`` loads it (Composer's function):
+    ``config.json``, the weights as ``model.safetensors`` (Composer writes a pickled
+    ``pytorch_model.bin``; safetensors cannot run code when loaded) and, when the run had
+    one, the tokenizer's files. Call on one process.
+
+    Args:
+        checkpoint_path: a ``full`` checkpoint cadence or Composer 0.32 wrote, or a cadence
+            ``sharded`` one; a local path or an fsspec URL.
+        output_folder: created if missing.
+        local_checkpoint_save_location: keep the downloaded checkpoint there.
+
+    Raises:
+        CheckpointError: as :meth:`HuggingFaceModel.hf_from_composer_checkpoint`.
+    """
+    model, tokenizer = HuggingFaceModel.hf_from_composer_checkpoint(
+        str(checkpoint_path), local_checkpoint_save_location=local_checkpoint_save_location)
+    os.makedirs(output_folder, exist_ok=True)
+    model.save_pretrained(output_folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(output_folder)

@@ -112,9 +112,44 @@ def _check_warmup_units(t_warmup: TimeArg, max_duration: Time | None) -> None:
                                                                         TimeUnit.EPOCH}:
         return
     raise ValueError(
-        f"Cannot use warmup {warmup} with max_duration {max_duration}: t_warmup must be in "
+        f"Cannot use warmup scheduler with max_duration {max_duration} and t_warmup {warmup}: t_warmup must be in "
         f"'dur', in max_duration's unit ('{max_duration.unit.value}'), or batches vs epochs."
     )
+
+
+def _check_warmup_and_t_max(t_warmup: Time, t_max: Time, state: State) -> None:
+    """Composer's two checks of a warmup schedule with a ``t_max``, on the converted times
+    (``dur`` in ``max_duration``'s unit, epochs in batches): warmup and ``t_max`` in one unit,
+    and ``t_max`` not before ``max_duration`` (the schedule must cover the whole run).
+
+    Raises:
+        ValueError: "Cannot use warmup scheduler with t_max ..." (units differ) or
+            "t_max ... must be greater than or equal to max_duration ..." (Composer's
+            messages), raised when the scheduler is first compiled: at ``Trainer(...)`` or
+            ``fit()``, before any batch.
+    """
+    if t_warmup.unit != t_max.unit:
+        raise ValueError(
+            f"Cannot use warmup scheduler with t_max {t_max} with units {t_max.unit.value} and "
+            f"t_warmup {t_warmup} with units {t_warmup.unit.value}. t_warmup and t_max must use "
+            f"the same units (after 'dur' becomes max_duration's unit and epochs become "
+            f"batches).")
+    max_duration = state.max_duration
+    if max_duration is None:
+        return
+    covered: bool | None = None
+    if t_max.unit == max_duration.unit:
+        covered = t_max.value >= max_duration.value
+    elif state.dataloader_len is not None and {t_max.unit, max_duration.unit} == {
+            TimeUnit.BATCH, TimeUnit.EPOCH}:
+        length = int(state.dataloader_len)
+        covered = t_max.value * (length if t_max.unit == TimeUnit.EPOCH else 1) >= \
+            max_duration.value * (length if max_duration.unit == TimeUnit.EPOCH else 1)
+    if covered is False:
+        raise ValueError(
+            f"t_max {t_max} must be greater than or equal to max_duration {max_duration}: the "
+            f"schedule would end before training does. Lengthen t_max (default '1dur') or "
+            f"shorten max_duration.")
 
 
 def _cosine_anneal(x: float, min_y: float = 0.0, max_y: float = 1.0) -> float:
@@ -312,8 +347,12 @@ class _WithWarmup(ComposerScheduler):
     warmup_scheduler: LinearScheduler
 
     def __call__(self, state: State, ssr: float = 1.0) -> float:
-        _check_warmup_units(self.t_warmup, state.max_duration)
         t_warmup = _convert_time(self.t_warmup, state)
+        t_max = getattr(self, "t_max", None)
+        if t_max is None:  # MultiStepWithWarmupScheduler
+            _check_warmup_units(self.t_warmup, state.max_duration)
+        else:
+            _check_warmup_and_t_max(t_warmup, _convert_time(t_max, state, ssr=ssr), state)
         if t_warmup.value == 0:
             warnings.warn(_ZERO_WARMUP, UserWarning, stacklevel=2)
         if state.timestamp < t_warmup:

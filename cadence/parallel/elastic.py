@@ -27,8 +27,6 @@ import fnmatch
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import torch
-
 from cadence.utils import dist
 from cadence.config.parallelism import ParallelismConfig
 from cadence.parallel.mesh import data_parallel_size, mesh_dims
@@ -67,13 +65,14 @@ def describe_layout(layout: dict[str, Any]) -> str:
 def _saved_timestamp(path: Path) -> Optional[dict[str, Any]]:
     """The checkpoint's timestamp (``extra.pt`` of a sharded directory, or the full file
     memory-mapped), or None when it cannot be read here (loading reports why)."""
+    from cadence.checkpoint.checkpoint import safe_torch_load
     from cadence.checkpoint.files import EXTRA_FILE
+    from cadence.checkpoint.layout import to_flat
 
     try:
-        source = path / EXTRA_FILE if path.is_dir() else path
-        loaded = torch.load(source, map_location="cpu", weights_only=True,
-                            mmap=not path.is_dir())
-        return dict(loaded["timestamp"])
+        if path.is_dir():
+            return dict(safe_torch_load(path / EXTRA_FILE)["timestamp"])
+        return dict(to_flat(safe_torch_load(path, mmap=True, composer=True), path)["timestamp"])
     except Exception:  # noqa: BLE001 - a corrupt file is load_checkpoint's to report
         return None
 

@@ -1,4 +1,6 @@
-"""When an evaluator runs during ``fit``: on its ``eval_interval`` and when training ends.
+"""When an evaluator runs during ``fit``: on its ``eval_interval`` and when training ends;
+never with an interval of ``0`` (``0``, ``"0ep"``, ``"0ba"``: Composer's way to turn
+evaluation off, the end of training included).
 
 An interval is a :class:`~cadence.Time` (``"1ep"``, ``"500ba"``, ``"4096sp"``, ``"0.25dur"``,
 ``"60sec"``; an int means epochs) or, as in Composer, a callable ``(state, event) -> bool``
@@ -43,16 +45,20 @@ def eval_due(state: State, interval: EvalInterval, event: Event) -> bool:
 
     A Time interval is due when the last batch crossed a multiple of it (epochs: at the
     epoch's end), and once when training ends: after the last epoch when ``max_duration``
-    is in epochs, else after the last batch.
+    is in epochs, else after the last batch. A zero interval outside ``dur`` is never due.
     """
     if callable(interval):
         return bool(interval(state, event))
     assert state.max_duration is not None
+    if interval.unit != TimeUnit.DURATION and interval.value <= 0:
+        return False  # eval_interval=0 turns evaluation off (Composer's)
     interval = state.to_time(interval)
     ends_in_epochs = state.max_duration.unit == TimeUnit.EPOCH
     value = float(interval.value)
     if interval.unit == TimeUnit.EPOCH:
         if event == Event.EPOCH_END:
+            if not ends_in_epochs and training_done(state):
+                return False  # the last batch's BATCH_END has just evaluated (once, as Composer)
             on_boundary = value > 0 and int(state.timestamp.epoch) % value == 0
             return on_boundary or (ends_in_epochs and training_done(state))
         return not ends_in_epochs and training_done(state)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
 from cadence.core import Evaluator, State, Time, TimeUnit, Timestamp
+from cadence.core.data_spec import DataSpec, ensure_data_spec
 from cadence.core.precision import Precision
 from cadence.optim.optimizers import compile_scheduler
 from cadence.trainer.eval_schedule import parse_eval_interval
@@ -36,6 +37,8 @@ class FitChanges:
     Attributes:
         train_dataloader: the new train dataloader (its sampler checked, not yet aligned
             with the data-parallel ranks: the Trainer does that).
+        train_data_spec: the :class:`~cadence.core.data_spec.DataSpec` it came in (or was
+            wrapped in), with ``train_dataloader``.
         train_dataloader_label: its label (set with ``train_dataloader``).
         set_dataloader_len: whether ``dataloader_len`` is new (it may be None: unsized).
         dataloader_len: the batches per epoch (``train_subset_num_batches`` applied).
@@ -56,6 +59,7 @@ class FitChanges:
     """
 
     train_dataloader: Optional[Iterable[Any]] = None
+    train_data_spec: Optional[DataSpec] = None
     train_dataloader_label: str = "train"
     set_dataloader_len: bool = False
     dataloader_len: Optional[int] = None
@@ -102,7 +106,7 @@ class FitChanges:
 def fit_changes(
     state: State,
     *,
-    train_dataloader: Optional[Iterable[Any]] = None,
+    train_dataloader: Union[Iterable[Any], DataSpec, None] = None,
     train_dataloader_label: str = "train",
     train_subset_num_batches: int = -1,
     duration: Union[int, str, Time, None] = None,
@@ -130,9 +134,14 @@ def fit_changes(
         The changes, for the Trainer to apply.
 
     Raises:
-        ValueError: ``duration`` in ``dur``; no ``max_duration`` after all; bad values
-            (the message names the argument).
+        ValueError: ``duration`` in ``dur``; no ``max_duration`` after all; a
+            ``max_duration`` the run has already reached without ``reset_time`` (Composer's
+            "The max_duration (...) is less than or equal to the elapsed training duration
+            (...). No training would occur.": a finished run, autoresumed or fitted again);
+            bad values (the message names the argument).
     """
+    train_spec = None if train_dataloader is None else ensure_data_spec(train_dataloader)
+    train_dataloader = None if train_spec is None else train_spec.dataloader
     length: Optional[int] = None
     set_length = train_dataloader is not None or train_subset_num_batches != -1
     if set_length:
@@ -150,7 +159,9 @@ def fit_changes(
     if max_duration is None:
         raise ValueError("fit() needs a duration: pass max_duration to the Trainer or "
                          "duration to fit().")
+    unscaled_max = max_duration
     max_duration = scale_duration(max_duration, scale_schedule_ratio)
+    precision_value = None if precision is None else Precision.parse(precision).value
     every_batch = None
     if schedulers is not None or step_schedulers_every_batch is not None:
         every_batch = steps_schedulers_every_batch(
@@ -165,15 +176,35 @@ def fit_changes(
                              f"'auto', got {device_train_microbatch_size!r}.")
         microbatch_size = None if auto_microbatch else device_train_microbatch_size
     with_eval = eval_dataloader is not None
+    evaluators = as_evaluators(eval_dataloader) if with_eval else None
+    interval = parse_eval_interval(eval_interval) if with_eval else None
+    _check_training_would_occur(state, unscaled_max, reset_time)  # after the argument checks
     return FitChanges(
-        train_dataloader=train_dataloader, train_dataloader_label=train_dataloader_label,
+        train_dataloader=train_dataloader, train_data_spec=train_spec,
+        train_dataloader_label=train_dataloader_label,
         set_dataloader_len=set_length, dataloader_len=length, reset_time=reset_time,
         max_duration=max_duration, scale_schedule_ratio=scale_schedule_ratio,
         schedulers=None if schedulers is None else as_list(schedulers),
         step_schedulers_every_batch=every_batch,
-        evaluators=as_evaluators(eval_dataloader) if with_eval else None,
-        eval_interval=parse_eval_interval(eval_interval) if with_eval else None,
+        evaluators=evaluators, eval_interval=interval,
         eval_subset_num_batches=int(eval_subset_num_batches) if with_eval else -1,
         auto_microbatch=auto_microbatch, device_train_microbatch_size=microbatch_size,
-        precision=None if precision is None else Precision.parse(precision).value,
+        precision=precision_value,
     )
+
+
+def _check_training_would_occur(state: State, max_duration: Time, reset_time: bool) -> None:
+    """Composer's check: ``fit`` on a run that has already reached ``max_duration``.
+
+    Raises:
+        ValueError: "The max_duration (...) is less than or equal to the elapsed training
+            duration (...). No training would occur. ..." unless ``reset_time``.
+    """
+    if reset_time or max_duration.unit == TimeUnit.DURATION:
+        return
+    elapsed = state.timestamp.get(max_duration.unit)
+    if max_duration <= elapsed:
+        raise ValueError(
+            f"The max_duration ({max_duration}) is less than or equal to the elapsed training "
+            f"duration ({elapsed}). No training would occur. Pass fit(duration=...) to train "
+            f"more, or fit(reset_time=True) to start the timestamp from 0.")

@@ -1,7 +1,9 @@
 """When gradients are reduced while one batch accumulates over microbatches.
 
 - DDP: ``no_sync`` for every microbatch but the last, so gradients are all-reduced once
-  per batch (Composer's ``ddp_sync_strategy='multi_auto_sync'`` behaviour).
+  per batch (Composer's default ``ddp_sync_strategy='single_auto_sync'``); with
+  ``'multi_auto_sync'`` every microbatch's backward all-reduces (for models whose
+  microbatches use different parameters).
 - FSDP2, ``parallelism_config.fsdp.sync_gradients``:
 
   - ``every_microbatch`` (default; FSDP2's and torchtitan's behaviour): each unit's
@@ -45,12 +47,14 @@ class GradientSync:
             FSDP2 root (``fully_shard``), or a plain module (nothing to switch).
         fsdp: the run's ``parallelism_config.fsdp`` (its ``sync_gradients``: see the module
             docstring), or None (``every_microbatch``); only read for FSDP2.
+        ddp_sync_strategy: ``single_auto_sync`` (default) or ``multi_auto_sync``; DDP only.
 
     Raises:
         ValueError: ``sync_gradients`` is neither value.
     """
 
-    def __init__(self, model: torch.nn.Module, fsdp: Optional[FSDPConfig] = None) -> None:
+    def __init__(self, model: torch.nn.Module, fsdp: Optional[FSDPConfig] = None,
+                 ddp_sync_strategy: str = "single_auto_sync") -> None:
         from torch.distributed.fsdp import FSDPModule
 
         sync_gradients = "every_microbatch" if fsdp is None else fsdp.sync_gradients
@@ -58,7 +62,8 @@ class GradientSync:
             raise ValueError(f"parallelism_config.fsdp.sync_gradients={sync_gradients!r} is not "
                              f"one of: every_microbatch, last_microbatch.")
         self.model = model
-        self._ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        self._ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel) \
+            and ddp_sync_strategy == "single_auto_sync"  # multi_auto_sync: never no_sync
         self._fsdp = isinstance(model, FSDPModule)
         self._every = sync_gradients == "every_microbatch"
         self._flags: Optional[tuple[bool, bool]] = None  # (gradient sync, all-reduce) as set

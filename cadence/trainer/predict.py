@@ -7,12 +7,12 @@ arguments, events and return value.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 import torch
 
 from cadence.core import Engine, Event, State
-from cadence.core.data_spec import batch_to_device
+from cadence.core.data_spec import DataSpec, batch_to_device
 from cadence.core.precision import Precision, get_precision_context
 
 __all__ = ["predict_loop", "to_cpu"]
@@ -30,14 +30,17 @@ def to_cpu(outputs: Any) -> Any:
 
 
 def predict_loop(state: State, engine: Engine, dataloader: Iterable[Any],
-                 subset_num_batches: int = -1, return_outputs: bool = True) -> list[Any]:
+                 subset_num_batches: int = -1, return_outputs: bool = True,
+                 data_spec: Optional[DataSpec] = None) -> list[Any]:
     """Forward every batch of ``dataloader`` (at most ``subset_num_batches``; ``-1``: all)
     through ``state.model`` in eval mode without gradients, in the run's precision.
 
     Events: ``PREDICT_START``; per batch ``PREDICT_BATCH_START``,
     ``PREDICT_BEFORE_FORWARD``, ``PREDICT_AFTER_FORWARD`` (``state.outputs`` holds the
     outputs; a callback may write them somewhere), ``PREDICT_BATCH_END``; ``PREDICT_END``.
-    The model's training mode is restored afterwards.
+    The model's training mode is restored afterwards. With a ``data_spec``, its
+    ``batch_transforms`` run before each batch moves to the device, its ``device_transforms``
+    and ``microbatch_transforms`` after.
 
     Returns:
         The outputs of each batch, on the CPU, in order, when ``return_outputs``; else ``[]``
@@ -59,10 +62,14 @@ def predict_loop(state: State, engine: Engine, dataloader: Iterable[Any],
             for index, batch in enumerate(dataloader):
                 if 0 <= subset_num_batches <= index:
                     break
-                state.batch = batch_to_device(batch, state.device)
+                if data_spec is None:
+                    state.batch = batch_to_device(batch, state.device)
+                else:
+                    state.batch = data_spec.microbatch_transforms(
+                        data_spec.batch_on_device(batch, state.device))
                 engine.run_event(Event.PREDICT_BATCH_START)
                 engine.run_event(Event.PREDICT_BEFORE_FORWARD)
-                with get_precision_context(Precision(state.precision), state.device):
+                with get_precision_context(Precision(state.precision), device=state.device):
                     state.outputs = model(state.batch)
                 engine.run_event(Event.PREDICT_AFTER_FORWARD)
                 if return_outputs:

@@ -226,6 +226,7 @@ class Preemption:
                 self._start_clock()
                 log.warning("Another rank received %s: stopping at this batch boundary.",
                             signal.Signals(agreed).name)
+            return agreed or None  # not self.signum: a signal during the all-reduce waits
         return self.signum
 
     def stop(self, state: State, logger: Any, close: Callable[[], None]) -> NoReturn:

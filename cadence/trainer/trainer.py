@@ -5,9 +5,10 @@ named steps. The order of events is documented on :class:`~cadence.Event`.
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import time
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -15,15 +16,18 @@ from cadence.utils.device import get_device
 from cadence.models.base import ComposerModel
 from cadence.utils import dist
 from cadence.trainer.auto_microbatch import forward_backward_auto, parse_microbatch_size
+from cadence.trainer.closures import step_with_closure, sync_context, uses_closure
 from cadence.trainer.grad_sync import GradientSync
 from cadence.trainer.loss_weighting import LossWeighting, mean_over_ranks
 from cadence.checkpoint.data_position import iter_epoch
+from cadence.checkpoint.files import name_template, pointer_template
 from cadence.checkpoint.lock import release_on_error
+from cadence.checkpoint.object_store import check_object_store
 from cadence.checkpoint.remote import check_url
 from cadence.checkpoint.resume import load_at_start
 from cadence.checkpoint.run_folder import RunFolder, check_autoresume_folder
 from cadence.core import (
-    Algorithm, Callback, Engine, Evaluator, Event, State, Time, TimeLike, Timestamp, TimeUnit,
+    Algorithm, Callback, Engine, Evaluator, Event, State, Time, TimeLike, TimeUnit,
 )
 from cadence.trainer import trainer_options as options
 from cadence.trainer.trainer_options import EvalDataloader, as_list
@@ -31,7 +35,9 @@ from cadence.trainer.eval_schedule import eval_due, parse_eval_interval
 from cadence.trainer.fit_args import FitChanges, fit_changes
 from cadence.loggers.logger import Logger
 from cadence.loggers.logger_destination import LoggerDestination
-from cadence.core.data_spec import batch_to_device, num_samples, slice_batch, split_batch
+from cadence.core.data_spec import (DataSpec, batch_to_device, count_tokens, ensure_data_spec,
+                                     tensor_shapes)
+from cadence.core.evaluator import filter_metrics
 from cadence.optim.optimizers import compile_scheduler, trainable_parameters
 from cadence.parallel import (
     ParallelPlan, data_parallel_rank, data_parallel_size, parallelize, parse_parallelism_config,
@@ -40,12 +46,13 @@ from cadence.parallel import (
 from cadence.parallel.compile import parse_compile_config
 from cadence.parallel.elastic import check_resume_layout, mesh_layout
 from cadence.parallel.data import (
-    align_sampler_with_data_parallel, check_distributed_sampler, real_samples_on_rank,
-    sync_metrics_over,
+    align_sampler_with_data_parallel, check_distributed_sampler, sync_metrics_over,
 )
 from cadence.parallel.mesh import data_parallel_group
 from cadence.core.precision import Precision, get_precision_context
+from cadence.trainer.eval_loop import evaluate
 from cadence.trainer.predict import predict_loop
+from cadence.profiler.profiler import bind_profilers
 from cadence.trainer.preemption import DEFAULT_SIGNALS, Preemption
 from cadence.utils.precision import check_precision
 from cadence.utils.reproducibility import seed_all
@@ -59,7 +66,8 @@ class Trainer:
 
     Args:
         model: the model to train.
-        train_dataloader: yields training batches (tensor, dict or tuple, samples first).
+        train_dataloader: yields training batches (tensor, dict or tuple, samples first), or
+            a :class:`~cadence.DataSpec` (its transforms, splitting and counters are used).
         max_duration: how long :meth:`fit` trains, e.g. ``"2ep"``, ``"1000ba"``, ``"1e6tok"``.
         eval_dataloader: a dataloader (labelled ``eval``), an :class:`~cadence.Evaluator`, or
             a list of Evaluators.
@@ -118,9 +126,15 @@ class Trainer:
             parallelize plan after activation checkpointing and before TP and sharding; see
             :mod:`cadence.parallel.plan`. Default: no compile.
         save_filename, save_interval, save_num_checkpoints_to_keep, save_overwrite,
-        save_weights_only, save_latest_filename: checkpointing into ``save_folder`` (a
-            :class:`~cadence.callbacks.CheckpointSaver` is added when ``save_folder`` is set
-            and ``save_interval`` is not None); see that class for each.
+        save_weights_only, save_latest_filename, save_ignore_keys: checkpointing into
+            ``save_folder`` (a :class:`~cadence.callbacks.CheckpointSaver` is added when
+            ``save_folder`` is set and ``save_interval`` is not None); see that class for
+            each. Names default to Composer's: ``ep{epoch}-ba{batch}-rank{rank}.pt`` (a
+            sharded checkpoint: the folder ``ep{epoch}-ba{batch}``) and the symlink
+            ``latest-rank{rank}.pt``; the file holds Composer's layout
+            (:mod:`~cadence.checkpoint.layout`).
+        save_metrics: also save the train and eval metrics' state in each checkpoint
+            (Composer's ``train_metrics`` / ``eval_metrics``), restored on load. Default False.
         save_state_dict_type: ``full`` or ``sharded``; default ``full``, or the fsdp config's
             ``state_dict_type`` (``sharded``) in an FSDP run.
         save_async: write checkpoints in a background thread; the loop waits only while the
@@ -129,7 +143,11 @@ class Trainer:
         save_allow_nonfinite: save states with NaN/inf loss or weights as ordinary checkpoints
             (default False: written aside as ``*.nonfinite``, the run stops naming the batch).
         load_path: a checkpoint to start from (a ``.pt`` file or a sharded directory, or
-            its URL: ``s3://bucket/runs/x/ep1-ba8``).
+            its URL: ``s3://bucket/runs/x/ep1-ba8``); a ``.pt`` written by Composer 0.32
+            resumes too (model, optimizer, schedulers, timestamp, RNG).
+        load_object_store: ``load_path`` is a name in this store: an fsspec URL, an
+            ``ObjectStore`` or a ``RemoteUploaderDownloader``
+            (:mod:`~cadence.checkpoint.object_store`).
         load_weights_only: take only the model's weights from ``load_path``.
         load_strict_model_weights: the model's keys must match the checkpoint's (else an
             error before training); shapes must match either way.
@@ -141,16 +159,29 @@ class Trainer:
         require_checksums: refuse a checkpoint without checksums (default True).
         train_dataloader_label, train_subset_num_batches, scale_schedule_ratio,
         step_schedulers_every_batch, log_to_console, console_stream, console_log_interval,
-        auto_log_hparams, profiler: Composer's (see :mod:`cadence.trainer.trainer_options`):
+        log_traces, auto_log_hparams, profiler: Composer's (see
+        :mod:`cadence.trainer.trainer_options`):
             the train dataloader's label; batches per epoch (``-1``: all); a factor on
             ``max_duration`` and the schedulers; step schedulers per batch (default: per
             batch unless a torch ``LRScheduler`` is given, then per epoch); a plain console
             logger every ``console_log_interval`` (default ``log_interval``) to
-            ``console_stream`` (``'stdout'``, ``'stderr'`` or a stream); log the Trainer's
-            arguments as hyperparameters; a profiler callback. ``device`` also takes
+            ``console_stream`` (``'stdout'``, ``'stderr'``, the default, or a stream), beside
+            a progress bar only on a terminal; print algorithm traces there; log the Trainer's
+            arguments as hyperparameters; a :class:`~cadence.profiler.Profiler` (bound to
+            ``state.profiler``; the Engine then records event durations). ``device`` also takes
             ``'gpu'`` and a :class:`~cadence.devices.Device`; ``eval_interval`` also takes a
             callable ``(state, event) -> bool``; ``run_name`` defaults to
             ``$CADENCE_RUN_NAME``, ``$COMPOSER_RUN_NAME`` or ``$RUN_NAME``.
+        load_exclude_algorithms: class names of algorithms whose saved state is not loaded
+            (Composer's); ``load_progress_bar`` and ``spin_dataloaders`` are accepted and
+            have no effect (no download bar; a resumed run continues its dataloader from the
+            saved position instead of spinning through it).
+        precision_config: Composer's FP8 settings; must be unset (no FP8 in cadence).
+        deterministic_mode: deterministic kernels only
+            (:func:`~cadence.utils.reproducibility.configure_deterministic_mode`).
+        ddp_sync_strategy: DDP gradient sync over microbatches: ``single_auto_sync``
+            (default: the last microbatch only) or ``multi_auto_sync`` (every microbatch).
+        python_log_level: the ``cadence`` logger's level (``"info"``, ``"debug"``...).
         preemption_signals, preemption_timeout, requeue: on one of these signals (default
             ``SIGTERM``, ``SIGUSR1``; ``()``: off) ``fit`` checkpoints at the next batch, closes
             the Trainer and raises ``Preempted``, all within ``preemption_timeout`` seconds;
@@ -168,59 +199,80 @@ class Trainer:
     def __init__(
         self,
         model: torch.nn.Module,
+        # Composer's arguments, in Composer's order
         train_dataloader: Optional[Iterable[Any]] = None,
+        train_dataloader_label: str = "train",
+        train_subset_num_batches: int = -1,
+        spin_dataloaders: bool = True,
         max_duration: Optional[TimeLike] = None,
+        algorithms: Union[Algorithm, Sequence[Algorithm]] = (),
+        algorithm_passes: Any = None,
+        optimizers: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer], None] = None,
+        schedulers: Any = None,
+        scale_schedule_ratio: float = 1.0,
+        step_schedulers_every_batch: Optional[bool] = None,
         eval_dataloader: Optional[EvalDataloader] = None,
         eval_interval: TimeLike = "1ep",
         eval_subset_num_batches: int = -1,
-        optimizers: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer], None] = None,
-        schedulers: Any = None,
-        device_train_microbatch_size: Union[int, str, None] = None,
-        accumulate_train_batch_on_tokens: bool = False,
-        precision: Union[str, Precision] = "fp32",
-        seed: Optional[int] = None,
-        algorithms: Union[Algorithm, Sequence[Algorithm]] = (),
-        algorithm_passes: Any = None,
         callbacks: Union[Callback, Sequence[Callback]] = (),
         loggers: Union[LoggerDestination, Sequence[LoggerDestination]] = (),
         run_name: Optional[str] = None,
-        device: Union[str, torch.device, None] = None,
-        dist_timeout: float = 600.0,
         progress_bar: bool = True,
-        log_interval: TimeLike = "10ba",
+        log_to_console: bool = False,
+        console_stream: Any = "stderr",
+        console_log_interval: Optional[TimeLike] = None,
+        log_traces: bool = False,
+        auto_log_hparams: bool = False,
+        load_path: Optional[str] = None,
+        load_object_store: Any = None,
+        load_weights_only: bool = False,
+        load_strict_model_weights: bool = True,
+        load_progress_bar: bool = True,
+        load_ignore_keys: Sequence[str] = (),
+        load_exclude_algorithms: Optional[Sequence[str]] = None,
         save_folder: Optional[str] = None,
-        hyperparameters: Optional[Mapping[str, Any]] = None,
-        parallelism_config: Any = None,
-        compile_config: Any = None,
-        save_filename: str = "ep{epoch}-ba{batch}",
-        save_interval: Any = "1ep",
-        save_num_checkpoints_to_keep: int = -1,
+        save_filename: str = "ep{epoch}-ba{batch}-rank{rank}.pt",
+        save_latest_filename: Optional[str] = "latest-rank{rank}.pt",
         save_overwrite: bool = False,
+        save_interval: Any = "1ep",
         save_weights_only: bool = False,
-        save_latest_filename: str = "latest-{run_name}",
+        save_ignore_keys: Optional[Union[list[str], Callable[[dict], None]]] = None,
+        save_num_checkpoints_to_keep: int = -1,
+        save_metrics: bool = False,
+        autoresume: bool = False,
+        parallelism_config: Any = None,
+        device: Union[str, torch.device, None] = None,
+        precision: Union[str, Precision] = "fp32",
+        precision_config: Optional[dict[str, Any]] = None,
+        device_train_microbatch_size: Union[int, str, None] = None,
+        accumulate_train_batch_on_tokens: bool = False,
+        seed: Optional[int] = None,
+        deterministic_mode: bool = False,
+        dist_timeout: float = 600.0,
+        ddp_sync_strategy: Optional[str] = None,
+        profiler: Any = None,
+        python_log_level: Optional[str] = None,
+        compile_config: Any = None,
+        # cadence's own
+        log_interval: TimeLike = "10ba",
+        hyperparameters: Optional[Mapping[str, Any]] = None,
         save_state_dict_type: Optional[str] = None,
         save_async: bool = False,
         save_allow_nonfinite: bool = False,
-        load_path: Optional[str] = None,
-        load_weights_only: bool = False,
-        load_strict_model_weights: bool = True,
-        load_ignore_keys: Sequence[str] = (),
-        autoresume: bool = False,
         require_checksums: bool = True,
-        train_dataloader_label: str = "train",
-        train_subset_num_batches: int = -1,
-        scale_schedule_ratio: float = 1.0,
-        step_schedulers_every_batch: Optional[bool] = None,
-        log_to_console: bool = False,
-        console_stream: Any = None,
-        console_log_interval: Optional[TimeLike] = None,
-        auto_log_hparams: bool = False,
-        profiler: Any = None,
         preemption_signals: Any = DEFAULT_SIGNALS, preemption_timeout: float = 90.0,
         requeue: bool = False,
     ) -> None:
         init_args = dict(locals()) if auto_log_hparams else {}
+        ddp_sync_strategy = options.apply_run_settings(python_log_level, deterministic_mode,
+                                                       precision_config, ddp_sync_strategy)
+        load_ignore_keys = [*load_ignore_keys,
+                            *options.excluded_algorithm_keys(load_exclude_algorithms)]
+        del spin_dataloaders, load_progress_bar  # accepted: resume continues the dataloader
         self._check_model(model)
+        # a DataSpec (Composer's) or a plain dataloader; the state holds the dataloader itself
+        self._train_spec = None if train_dataloader is None else ensure_data_spec(train_dataloader)
+        train_dataloader = None if self._train_spec is None else self._train_spec.dataloader
         self._auto_microbatch, device_train_microbatch_size = parse_microbatch_size(
             device_train_microbatch_size)  # 'auto': None, the batch size at the first batch
         if len(as_list(optimizers)) > 1:
@@ -252,16 +304,18 @@ class Trainer:
                              "name is new on every launch.")
         run_name, rank_zero_seed = options.agree_across_ranks(
             run_name or options.run_name_from_env(), seed)
-        seed_all(rank_zero_seed + self._dp_rank)
+        seed_all(rank_zero_seed)  # INIT's surgery draws the same new weights on every rank
         # a URL (s3://...) saves to object storage through a local stage; an unknown protocol
         # or a missing extra (of save_folder or load_path) is refused now
         self._run_folder = RunFolder.of(save_folder, run_name)
-        if load_path is not None:
+        if load_path is not None and load_object_store is None:
             check_url(load_path)
+        check_object_store(load_object_store)
 
         self.state = State(
             model=model,
             rank_zero_seed=rank_zero_seed,
+            optimizers=optimizers,  # a user's optimizer follows INIT's model surgery
             run_name=run_name,
             save_folder=None if self._run_folder is None else str(self._run_folder.local),
             device=device_obj,
@@ -269,6 +323,7 @@ class Trainer:
                                                 scale_schedule_ratio),
             precision=Precision.parse(precision).value,
             device_train_microbatch_size=device_train_microbatch_size,
+            save_metrics=save_metrics,
             train_dataloader=train_dataloader,
             dataloader_label=train_dataloader_label if train_dataloader is not None else None,
             dataloader_len=options.subset_len(options.dataloader_len(train_dataloader),
@@ -277,13 +332,14 @@ class Trainer:
             algorithms=as_list(algorithms),
             callbacks=as_list(callbacks) + options.profiler_callbacks(profiler),
         )
+        bind_profilers(self.state)  # a Profiler: state.profiler, its profilers and handlers
         # one run per save folder (rank 0 locks it; released by close() or at exit)
         if self._run_folder is not None:  # (and a remote folder's logs are fetched)
             self._run_folder.lock(run_name)
         destinations = as_list(loggers)
         destinations += options.console_destinations(
             destinations, progress_bar, log_to_console, console_stream,
-            console_log_interval or self.log_interval)
+            console_log_interval or self.log_interval, log_traces)
         self.hyperparameters = {**options.extract_hparams(init_args), **(hyperparameters or {})}
         self.hyperparameters.setdefault("rank_zero_seed", rank_zero_seed)
         self._add_checkpoint_saver(
@@ -291,26 +347,31 @@ class Trainer:
             latest_filename=save_latest_filename,
             num_checkpoints_to_keep=save_num_checkpoints_to_keep, overwrite=save_overwrite,
             weights_only=save_weights_only, state_dict_type=save_state_dict_type,
-            autoresume=autoresume, save_async=save_async, allow_nonfinite=save_allow_nonfinite)
+            autoresume=autoresume, save_async=save_async, allow_nonfinite=save_allow_nonfinite,
+            ignore_keys=save_ignore_keys)
         self.logger = Logger(self.state, destinations)
         if isinstance(model, ComposerModel):
             model.logger = self.logger  # Composer's ComposerModel.logger
         self.engine = Engine(self.state, self.logger, algorithm_passes, destinations=destinations)
 
         self.engine.run_event(Event.INIT)
+        seed_all(rank_zero_seed + self._dp_rank)  # then each data-parallel rank its own stream
         self._parallelize(as_list(optimizers))
         self._weighting = LossWeighting(self._module, self._on_tokens, self._dp_size,
                                         self._metric_group)  # the data-parallel group
-        self._grad_sync = GradientSync(self.state.model, self.parallelism_config.fsdp)
+        self._grad_sync = GradientSync(self.state.model, self.parallelism_config.fsdp,
+                                       ddp_sync_strategy)
         self._build_optimizers(as_list(optimizers), as_list(schedulers))
         self._build_metrics()
         self.engine.run_event(Event.BEFORE_LOAD)
         loaded = load_at_start(  # autoresume or load_path; a remote one downloaded, then removed
-            self.state, self._run_folder, save_latest_filename.format(run_name=run_name),
+            self.state, self._run_folder, pointer_template(save_latest_filename).format(
+                run_name=run_name),
             load_path, autoresume, weights_only=load_weights_only,
             strict=load_strict_model_weights, ignore_keys=load_ignore_keys,
             require_checksums=require_checksums, check_layout=lambda local: check_resume_layout(
-                local, self.state, self.parallelism_config, load_ignore_keys))
+                local, self.state, self.parallelism_config, load_ignore_keys),
+            object_store=load_object_store)
         if loaded is not None:  # which checkpoint this run started from, in every destination
             self.hyperparameters["loaded_checkpoint"] = loaded
         self.engine.run_event(Event.AFTER_LOAD)
@@ -340,7 +401,8 @@ class Trainer:
                     f"its checkpoints, or choose another save_folder / run_name."
                 )
         if autoresume:  # another run's checkpoints there: refused now, not at the first save
-            check_autoresume_folder(self._run_folder, state.run_name, kwargs["filename"])
+            check_autoresume_folder(self._run_folder, state.run_name,
+                                    name_template(kwargs["filename"], fmt))
         state.callbacks.append(saver)
 
     def _checkpoint_metadata(self) -> dict[str, Any]:
@@ -372,7 +434,8 @@ class Trainer:
     def _align_eval_samplers(self) -> None:
         """Eval samplers split over the data-parallel ranks (a TP group evaluates together)."""
         for evaluator in self.state.evaluators:
-            align_sampler_with_data_parallel(evaluator.dataloader, f"eval {evaluator.label!r}",
+            align_sampler_with_data_parallel(evaluator.dataloader.dataloader,
+                                             f"eval {evaluator.label!r}",
                                              self._dp_size, self._dp_rank)
 
     @staticmethod
@@ -415,15 +478,9 @@ class Trainer:
             return
         state.train_metrics = {k: m.to(state.device) for k, m in get_metrics(is_train=True).items()}
         for evaluator in state.evaluators:
-            metrics = get_metrics(is_train=False)
-            if evaluator.metric_names is not None:
-                missing = set(evaluator.metric_names) - set(metrics)
-                if missing:
-                    raise ValueError(
-                        f"Evaluator {evaluator.label!r} asks for metrics {sorted(missing)}, which "
-                        f"the model does not define; it has {sorted(metrics)}."
-                    )
-                metrics = {k: metrics[k] for k in evaluator.metric_names}
+            # metric_names are regular expressions over the model's metric names (Composer's)
+            metrics = filter_metrics(get_metrics(is_train=False), evaluator.metric_names,
+                                     evaluator.label)
             state.eval_metrics[evaluator.label] = {k: m.to(state.device) for k, m in metrics.items()}
         sync_metrics_over([*state.train_metrics.values(),
                            *(m for ms in state.eval_metrics.values() for m in ms.values())],
@@ -458,6 +515,8 @@ class Trainer:
             raise ValueError("fit() needs both train_dataloader and max_duration on the Trainer.")
         if state.dataloader_len == 0:
             raise ValueError("The train dataloader is empty (len 0); check batch_size and drop_last.")
+        if self._train_spec is None or self._train_spec.dataloader is not state.train_dataloader:
+            self._train_spec = ensure_data_spec(state.train_dataloader)  # set on the state
         state.stop_training = False
         self._last_wall_clock = time.perf_counter()  # timestamp.total_wct counts from here
         self.engine.run_event(Event.FIT_START)
@@ -470,6 +529,7 @@ class Trainer:
         """Make what ``fit()``'s arguments change: the state's, then the Trainer's own."""
         check_precision(changes.precision or "fp32", self.state.device)
         if changes.train_dataloader is not None:  # the sampler counts data-parallel ranks
+            self._train_spec = changes.train_data_spec
             check_distributed_sampler(changes.train_dataloader, "train_dataloader", self._dp_size)
             align_sampler_with_data_parallel(changes.train_dataloader, "train_dataloader",
                                              self._dp_size, self._dp_rank)
@@ -488,7 +548,7 @@ class Trainer:
         if changes.precision is not None:
             self.grad_scaler = options.grad_scaler_for(self.state.precision, self.state.device)
 
-    def predict(self, dataloader: Iterable[Any], subset_num_batches: int = -1, *,
+    def predict(self, dataloader: Union[Iterable[Any], DataSpec], subset_num_batches: int = -1, *,
                 return_outputs: bool = True) -> list[Any]:
         """The model's outputs on every batch of ``dataloader`` (Composer's
         ``Trainer.predict``, firing the ``PREDICT_*`` events; see
@@ -497,8 +557,18 @@ class Trainer:
         Returns:
             The outputs of each batch, on the CPU, when ``return_outputs``; else ``[]``.
         """
-        return predict_loop(self.state, self.engine, dataloader, subset_num_batches,
-                            return_outputs)
+        spec = ensure_data_spec(dataloader)  # a DataSpec's transforms run too
+        return predict_loop(self.state, self.engine, spec.dataloader, subset_num_batches,
+                            return_outputs, data_spec=spec)
+
+    @property
+    def saved_checkpoints(self) -> list[str]:
+        """Paths of the checkpoints the run's ``CheckpointSaver`` saved and still keeps,
+        oldest first (Composer's ``Trainer.saved_checkpoints``); ``[]`` without one."""
+        from cadence.callbacks.checkpoint_saver import CheckpointSaver
+
+        saver = next((c for c in self.state.callbacks if isinstance(c, CheckpointSaver)), None)
+        return [] if saver is None else saver.saved_checkpoints
 
     def save_checkpoint(self, name: str = "ep{epoch}-ba{batch}-rank{rank}", *,
                         weights_only: bool = False) -> Optional[str]:
@@ -518,6 +588,23 @@ class Trainer:
             else fsdp.state_dict_type, metadata=self._checkpoint_metadata())
         path = saver.save(self.state, self.logger, filename=name, weights_only=weights_only)
         return None if path is None else str(path)
+
+    def export_for_inference(self, save_format: str, save_path: str,
+                             save_object_store: Any = None, sample_input: Any = None,
+                             transforms: Optional[Sequence[Any]] = None,
+                             input_names: Optional[Sequence[str]] = None,
+                             output_names: Optional[Sequence[str]] = None) -> None:
+        """Export the model (Composer's ``Trainer.export_for_inference``): see
+        :func:`cadence.utils.inference.export_with_logger`. ``sample_input`` is one input of
+        the model (a batch); for ONNX it defaults to the last training batch."""
+        from cadence.utils.inference import export_with_logger
+
+        if sample_input is None and str(getattr(save_format, "value", save_format)) == "onnx":
+            sample_input = self.state.batch
+        export_with_logger(self._module, save_format, save_path, self.logger,
+                           save_object_store=save_object_store, transforms=transforms,
+                           sample_input=None if sample_input is None else (sample_input,),
+                           input_names=input_names, output_names=output_names)
 
     def _step_schedulers(self, every_batch: bool) -> None:
         """Step the schedulers after each batch or each epoch (``step_schedulers_every_batch``)."""
@@ -576,9 +663,16 @@ class Trainer:
                 batch = next(iterator)
             except StopIteration:
                 return
-            self._batch_tokens = self._num_tokens(batch)  # on the host copy: no device sync
-            state.batch = batch_to_device(batch, state.device)
+            spec = self._train_spec  # its transforms, then its (or the model's) count
+            batch = spec.batch_transforms(batch)
+            state.batch = spec.device_transforms(batch_to_device(batch, state.device))
+            host_tokens = self._num_tokens(spec, batch, state.batch)  # the model's: host copy
+            shapes = tensor_shapes(state.batch)
             self.engine.run_event(Event.AFTER_DATALOADER)
+            # an algorithm that reshaped the batch (SeqLengthWarmup, SelectiveBackprop) changed
+            # its real tokens: recount the device batch then only (a sync only with a mask)
+            self._batch_tokens = (host_tokens if tensor_shapes(state.batch) == shapes
+                                  else self._num_tokens(spec, state.batch, state.batch))
             remaining = None if remaining is None else remaining - 1
             yield state.batch
 
@@ -587,19 +681,19 @@ class Trainer:
         state, engine = self.state, self.engine
         engine.run_event(Event.BATCH_START)
         batch = state.batch
-        batch_size = num_samples(batch)
+        batch_size = int(self._train_spec.get_num_samples_in_batch(batch))
         engine.run_event(Event.BEFORE_TRAIN_BATCH)
         if not state.model.training:  # train() walks every submodule (~0.5 ms for GPT-2 124M)
             state.model.train()
         self._weighting.begin_batch(batch, batch_size, state.device)  # tokens: one all-reduce
-        total_loss = self._forward_backward(batch, batch_size)
         num_tokens = self._batch_tokens
-        state.batch, state.total_loss = batch, total_loss
-        if self.grad_scaler is not None:  # AFTER_TRAIN_BATCH sees true gradients (clipping)
+        gradients = functools.partial(self._batch_gradients, batch, batch_size)
+        if uses_closure(state.optimizers):  # SAM: the optimizer calls forward-backward itself
             for optimizer in state.optimizers:
-                self.grad_scaler.unscale_(optimizer)
-        engine.run_event(Event.AFTER_TRAIN_BATCH)
-        self._optimizer_step()
+                step_with_closure(optimizer, gradients, self.grad_scaler)
+        else:
+            gradients()
+            self._optimizer_step()
         world = self._dp_size  # ranks with their own samples (a TP group shares one batch)
         state.previous_timestamp = state.timestamp
         state.timestamp = state.timestamp.to_next_batch(batch_size * world, num_tokens * world,
@@ -608,6 +702,24 @@ class Trainer:
         step = int(state.timestamp.batch)
         if step == 1 or step % self.log_interval.value == 0 or self._training_done():
             self._log_train_metrics()
+
+    def _batch_gradients(self, batch: Any, batch_size: int, ddp_sync: bool = True,
+                         loss_dict: Optional[dict[str, Any]] = None) -> torch.Tensor:
+        """The batch's gradients, unscaled, then AFTER_TRAIN_BATCH; also an optimizer's
+        closure (its arguments: :mod:`.closures`). Returns the batch's loss."""
+        state = self.state
+        with sync_context(state.model, ddp_sync):
+            total_loss = self._forward_backward(batch, batch_size)
+        state.batch = batch
+        if loss_dict is None:
+            state.total_loss = total_loss
+        else:
+            loss_dict["loss/train/total"] = total_loss
+        if self.grad_scaler is not None:  # AFTER_TRAIN_BATCH sees true gradients (clipping)
+            for optimizer in state.optimizers:
+                self.grad_scaler.unscale_(optimizer)
+        self.engine.run_event(Event.AFTER_TRAIN_BATCH)
+        return total_loss
 
     def _forward_backward(self, batch: Any, batch_size: int) -> torch.Tensor:
         """Gradients of ``batch`` over its microbatches; with ``'auto'`` microbatching, retried
@@ -621,7 +733,7 @@ class Trainer:
         """Gradients of ``batch`` in microbatches of ``size``, each loss weighted
         (:mod:`.loss_weighting`) and reduced (:mod:`.grad_sync`); returns the batch's loss."""
         state = self.state
-        microbatches = split_batch(batch, size) if size else [batch]
+        microbatches = list(self._train_spec.split_batch(batch, size)) if size else [batch]
         for optimizer in state.optimizers:
             optimizer.zero_grad(set_to_none=True)
         for metric in state.train_metrics.values():
@@ -637,13 +749,14 @@ class Trainer:
     def _train_microbatch(self, microbatch: Any) -> torch.Tensor:
         """Forward, loss (weighted by the microbatch's share of the batch) and backward."""
         state, engine = self.state, self.engine
+        microbatch = self._train_spec.microbatch_transforms(microbatch)  # a DataSpec's
         state.batch = self._weighting.prepare(microbatch)  # + num_items_in_batch, if taken
         engine.run_event(Event.BEFORE_FORWARD)
-        with get_precision_context(Precision(state.precision), state.device):
+        with get_precision_context(Precision(state.precision), device=state.device):
             state.outputs = state.model(state.batch)
         engine.run_event(Event.AFTER_FORWARD)
         engine.run_event(Event.BEFORE_LOSS)
-        with get_precision_context(Precision(state.precision), state.device):
+        with get_precision_context(Precision(state.precision), device=state.device):
             state.loss = self._weighting.weigh(self._module.loss(state.outputs, state.batch),
                                                state.batch)
         engine.run_event(Event.AFTER_LOSS)
@@ -658,9 +771,10 @@ class Trainer:
         engine.run_event(Event.AFTER_BACKWARD)
         return state.loss.detach()
 
-    def _num_tokens(self, batch: Any) -> int:
-        counter = getattr(self._module, "num_tokens", None)
-        return int(counter(batch)) if counter is not None else 0
+    def _num_tokens(self, spec: DataSpec, host_batch: Any, device_batch: Any) -> int:
+        """The batch's tokens: the DataSpec's counter, else the model's ``num_tokens``."""
+        return count_tokens(spec, host_batch, device_batch,
+                            getattr(self._module, "num_tokens", None))
 
     def _optimizer_step(self) -> None:
         for optimizer in self.state.optimizers:
@@ -740,52 +854,7 @@ class Trainer:
         return results
 
     def _eval_one(self, evaluator: Evaluator, limit: int) -> dict[str, float]:
-        state, engine = self.state, self.engine
-        metrics = state.eval_metrics.get(evaluator.label, {})
-        for metric in metrics.values():
-            metric.reset()
-        train_loader = (state.dataloader, state.dataloader_label, state.dataloader_len)
-        state.set_dataloader(evaluator.dataloader, evaluator.label)  # as Composer, during eval
-        state.eval_timestamp = Timestamp()
-        engine.run_event(Event.EVAL_START)
-        state.model.eval()
-        real_left = real_samples_on_rank(evaluator.dataloader)  # None: no padded copies
-        with torch.no_grad():
-            for index, batch in enumerate(evaluator.dataloader):
-                if 0 <= limit <= index:
-                    break
-                state.batch = batch_to_device(batch, state.device)
-                engine.run_event(Event.EVAL_BATCH_START)
-                engine.run_event(Event.EVAL_BEFORE_FORWARD)
-                with get_precision_context(Precision(state.precision), state.device):
-                    # forward through the (possibly sharded) root so FSDP's hooks run, then
-                    # let the model turn the outputs into what its metrics take
-                    outputs = state.model(state.batch)
-                    state.outputs = self._module.eval_forward(state.batch, outputs)
-                engine.run_event(Event.EVAL_AFTER_FORWARD)
-                # Every rank runs every forward (FSDP needs it); only real samples count.
-                batch_, outputs = state.batch, state.outputs
-                if real_left is not None:
-                    size = num_samples(batch_)
-                    keep = max(0, min(size, real_left))
-                    real_left -= size
-                    if keep < size:
-                        batch_, outputs = slice_batch(batch_, 0, keep), slice_batch(outputs, 0, keep)
-                if real_left is None or keep > 0:
-                    for metric in metrics.values():
-                        self._module.update_metric(batch_, outputs, metric)
-                state.eval_timestamp = state.eval_timestamp.to_next_batch(
-                    num_samples(state.batch), self._num_tokens(state.batch))
-                engine.run_event(Event.EVAL_BATCH_END)
-        results = {
-            f"metrics/{evaluator.label}/{name}": float(metric.compute())
-            for name, metric in metrics.items()
-        }
-        self.logger.log_metrics(results)
-        engine.run_event(Event.EVAL_END)
-        state.model.train()
-        state.set_dataloader(*train_loader)
-        return results
+        return evaluate(self.state, self.engine, self.logger, self._module, evaluator, limit)
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:

@@ -1,5 +1,6 @@
 """Small pieces of the Trainer's argument handling that Composer users pass: the run name
 from the environment, ``auto_log_hparams``, console output, ``train_subset_num_batches``,
+``python_log_level``, ``deterministic_mode``, ``ddp_sync_strategy``,
 ``scale_schedule_ratio``, ``step_schedulers_every_batch``, ``profiler``, and the gradient
 scaler that ``precision`` implies.
 
@@ -8,9 +9,10 @@ Source: the arguments of MosaicML Composer's ``Trainer`` (``composer/trainer/tra
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import time
+import warnings
 from typing import Any, Iterable, Mapping, Optional, Sequence, TextIO, Union
 
 import torch
@@ -21,7 +23,8 @@ from cadence.core.precision import Precision
 from cadence.core.state import as_list
 
 __all__ = [
-    "EvalDataloader", "RUN_NAME_ENV_VARS", "agree_across_ranks", "as_evaluators", "as_list",
+    "DDP_SYNC_STRATEGIES", "EvalDataloader", "RUN_NAME_ENV_VARS", "agree_across_ranks",
+    "apply_run_settings", "as_evaluators", "as_list", "excluded_algorithm_keys",
     "console_destinations", "dataloader_len", "extract_hparams", "grad_scaler_for",
     "profiler_callbacks", "checked_save_interval", "checked_eval_subset",
     "run_name_from_env", "parse_duration", "scale_duration", "steps_schedulers_every_batch",
@@ -49,7 +52,7 @@ def as_evaluators(eval_dataloader: Optional[EvalDataloader]) -> list[Evaluator]:
     else:
         evaluators = [Evaluator(label="eval", dataloader=eval_dataloader)]
     for evaluator in evaluators:
-        if dataloader_len(evaluator.dataloader) == 0:
+        if dataloader_len(evaluator.dataloader.dataloader) == 0:
             raise ValueError(f"eval dataloader {evaluator.label!r} has no batches on rank "
                              f"{dist.get_global_rank()}: its metrics would be NaN. Give it "
                              f"data (fewer ranks, a smaller device_eval_batch_size, "
@@ -208,40 +211,52 @@ def grad_scaler_for(precision: Union[str, Precision],
     return torch.amp.GradScaler(device.type)
 
 
-def _stream(console_stream: Union[str, TextIO, None]) -> Optional[TextIO]:
-    if console_stream is None or not isinstance(console_stream, str):
-        return console_stream
-    streams = {"stdout": sys.stdout, "stderr": sys.stderr}
-    if console_stream not in streams:
-        raise ValueError(f"console_stream must be 'stdout', 'stderr' or a stream, got "
-                         f"{console_stream!r}.")
-    return streams[console_stream]
-
-
 def console_destinations(destinations: list[Any], progress_bar: bool, log_to_console: bool,
                          console_stream: Union[str, TextIO, None],
-                         console_log_interval: Union[int, str, Time]) -> list[Any]:
-    """The destinations to add for console output.
+                         console_log_interval: Union[int, str, Time],
+                         log_traces: bool = False) -> list[Any]:
+    """The destinations to add for console output (Composer's rules, cadence's terminal
+    check).
 
-    ``log_to_console=True`` adds a :class:`~cadence.loggers.ConsoleLogger` printing
-    every ``console_log_interval`` to ``console_stream``; otherwise, with ``progress_bar``,
-    the default progress destination (a bar on a terminal, plain lines elsewhere). Nothing
-    is added when ``destinations`` already has a progress destination.
+    ``log_to_console=True`` adds a :class:`~cadence.loggers.ConsoleLogger` printing every
+    ``console_log_interval`` (an ``int`` is epochs, as in Composer) to ``console_stream``,
+    unless ``destinations`` has one (a warning then says the console arguments are
+    ignored). ``progress_bar=True`` adds the default progress destination (a bar when the
+    stream is a terminal, else a ``ConsoleLogger``) unless ``destinations`` already has a
+    progress destination; beside ``log_to_console`` only a bar is added, with a warning
+    (both print, as in Composer).
+
+    Raises:
+        ValueError: ``console_stream`` is a string other than ``'stdout'``/``'stderr'``.
     """
-    if any(getattr(d, "is_progress", False) for d in destinations):
-        return []
-    from cadence.loggers import ConsoleLogger, default_progress_destination
+    from cadence.loggers import ConsoleLogger, ProgressBarLogger, default_progress_destination
+    from cadence.loggers.console_logger import resolve_stream
 
-    interval = Time.from_input(console_log_interval, TimeUnit.BATCH)
+    resolve_stream(console_stream, "console_stream")
+    interval = Time.from_input(console_log_interval, TimeUnit.EPOCH)
+    added: list[Any] = []
     if log_to_console:
-        return [ConsoleLogger(log_interval=interval, stream=_stream(console_stream))]
-    progress = default_progress_destination(progress_bar, interval, _stream(console_stream))
-    return [] if progress is None else [progress]
+        if any(isinstance(d, ConsoleLogger) for d in destinations):
+            warnings.warn("loggers already holds a ConsoleLogger: log_to_console, "
+                          "console_stream, console_log_interval and log_traces are ignored.")
+        else:
+            added.append(ConsoleLogger(log_interval=interval, stream=console_stream,
+                                       log_traces=log_traces))
+    if progress_bar and not any(getattr(d, "is_progress", False) for d in destinations):
+        progress = default_progress_destination(True, interval, console_stream, log_traces)
+        if log_to_console and isinstance(progress, ProgressBarLogger):
+            warnings.warn("progress_bar=True with log_to_console=True prints both a progress "
+                          "bar and console records; set one of them to False.")
+            added.append(progress)
+        elif not log_to_console and progress is not None:
+            added.append(progress)
+    return added
 
 
 def profiler_callbacks(profiler: Any) -> list[Any]:
     """The callbacks a ``profiler`` argument adds: the profiler itself when it is a callback
-    (cadence's :class:`~cadence.callbacks.profiler.ProfilerCallback`, or anything with
+    (Composer's :class:`~cadence.profiler.Profiler`, which the Trainer then binds to the
+    state, cadence's :class:`~cadence.callbacks.profiler.ProfilerCallback`, or anything with
     ``run_event``), else none.
 
     Raises:
@@ -251,7 +266,7 @@ def profiler_callbacks(profiler: Any) -> list[Any]:
         return []
     if callable(getattr(profiler, "run_event", None)):
         return [profiler]
-    raise TypeError(f"profiler must be a callback (e.g. cadence.callbacks.ProfilerCallback), "
+    raise TypeError(f"profiler must be a cadence.profiler.Profiler (or a callback), "
                     f"got {type(profiler).__name__}.")
 
 
@@ -268,3 +283,56 @@ def parse_duration(max_duration: Any) -> Optional[Time]:
         raise ValueError(f"max_duration cannot be in '{duration.unit.value}' ({duration}); use "
                          f"ep, ba, sp, tok or sec.")
     return duration
+
+
+#: Composer's ``ddp_sync_strategy`` values cadence runs (``forced_sync`` is refused).
+DDP_SYNC_STRATEGIES = ("single_auto_sync", "multi_auto_sync")
+
+
+def apply_run_settings(python_log_level: Optional[str], deterministic_mode: bool,
+                       precision_config: Optional[Mapping[str, Any]],
+                       ddp_sync_strategy: Optional[str]) -> str:
+    """Check and apply Composer's process-wide Trainer settings, before anything is built:
+    ``python_log_level`` (the ``cadence`` logger's level, with a plain stream handler when
+    the process has none, as Composer does for ``composer``), ``deterministic_mode``
+    (:func:`~cadence.utils.reproducibility.configure_deterministic_mode`),
+    ``precision_config`` (FP8 settings: cadence has no FP8, so it must be empty).
+
+    Returns:
+        The DDP gradient-sync strategy: ``ddp_sync_strategy``, default ``single_auto_sync``.
+
+    Raises:
+        ValueError: naming the argument: an unknown log level, a non-empty
+            ``precision_config``, a ``ddp_sync_strategy`` cadence does not run.
+    """
+    if precision_config:
+        raise ValueError(f"precision_config {dict(precision_config)!r} configures FP8 "
+                         f"(TransformerEngine), which cadence does not support; leave it unset "
+                         f"and use precision='amp_bf16'.")
+    strategy = "single_auto_sync" if ddp_sync_strategy is None else str(ddp_sync_strategy)
+    if strategy not in DDP_SYNC_STRATEGIES:
+        raise ValueError(f"ddp_sync_strategy={ddp_sync_strategy!r} is not one of "
+                         f"{list(DDP_SYNC_STRATEGIES)} (Composer's 'forced_sync' all-reduces by "
+                         f"hand after the last microbatch; cadence lets DDP overlap it with "
+                         f"backward instead: use 'single_auto_sync').")
+    if python_log_level is not None:
+        level = logging.getLevelName(str(python_log_level).upper())
+        if not isinstance(level, int):
+            raise ValueError(f"python_log_level={python_log_level!r} is not a logging level "
+                             f"(debug, info, warning, error, critical).")
+        logging.basicConfig(format="%(asctime)s: rank%(process)d[%(threadName)s]: "
+                                   "%(levelname)s: %(name)s: %(message)s")
+        logging.getLogger("cadence").setLevel(level)
+    if deterministic_mode:
+        from cadence.utils.reproducibility import configure_deterministic_mode
+
+        configure_deterministic_mode()
+    return strategy
+
+
+def excluded_algorithm_keys(names: Optional[Sequence[str]]) -> list[str]:
+    """``load_ignore_keys`` patterns that leave out the saved state of the algorithms named
+    in ``load_exclude_algorithms`` (class names, e.g. ``["EMA"]``; a second instance of a
+    class is saved as ``EMA#2``)."""
+    return [pattern for name in (names or ())
+            for pattern in (f"algorithms/{name}", f"algorithms/{name}#*")]

@@ -5,8 +5,10 @@ Submodules: :mod:`~cadence.utils.dist` (distributed helpers, also ``cadence.dist
 :mod:`~cadence.utils.batch_helpers`, :mod:`~cadence.utils.device`,
 :mod:`~cadence.utils.precision`, :mod:`~cadence.utils.flops`,
 :mod:`~cadence.utils.checkpoint` (Composer's ``save_checkpoint`` / ``load_checkpoint``),
-:mod:`~cadence.utils.module_surgery` (``replace_module_classes``). Names are imported on first
-use (:mod:`cadence._lazy`).
+:mod:`~cadence.utils.module_surgery` (``replace_module_classes``),
+:mod:`~cadence.utils.inference` (``export_for_inference``: TorchScript / ONNX),
+:mod:`~cadence.utils.augmentation_primitives` (PIL image augmentations). Names are
+imported on first use (:mod:`cadence._lazy`).
 """
 
 from __future__ import annotations
@@ -16,22 +18,28 @@ from typing import TYPE_CHECKING
 from cadence._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from cadence.utils import checkpoint, dist, module_surgery, reproducibility
+    from cadence.utils import checkpoint, dist, inference, module_surgery, reproducibility
     from cadence.utils.batch_helpers import batch_get, batch_set
     from cadence.utils.checkpoint import load_checkpoint, save_checkpoint
     from cadence.utils.device import get_device
-    from cadence.utils.misc import create_interval_scheduler
+    from cadence.utils.inference import ExportFormat, export_for_inference, export_with_logger
+    from cadence.utils.misc import add_vision_dataset_transform, create_interval_scheduler
     from cadence.utils.precision import bf16_supported
     from cadence.utils.reproducibility import seed_all
 
 _LAZY = {
+    "add_vision_dataset_transform": "cadence.utils.misc",
     "batch_get": "cadence.utils.batch_helpers",
     "batch_set": "cadence.utils.batch_helpers",
     "bf16_supported": "cadence.utils.precision",
     "checkpoint": "cadence.utils.checkpoint",
     "create_interval_scheduler": "cadence.utils.misc",
     "dist": "cadence.utils.dist",
+    "export_for_inference": "cadence.utils.inference",
+    "export_with_logger": "cadence.utils.inference",
+    "ExportFormat": "cadence.utils.inference",
     "get_device": "cadence.utils.device",
+    "inference": "cadence.utils.inference",
     "load_checkpoint": "cadence.utils.checkpoint",
     "module_surgery": "cadence.utils.module_surgery",
     "reproducibility": "cadence.utils.reproducibility",

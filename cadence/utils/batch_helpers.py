@@ -2,6 +2,8 @@
 
 Source: MosaicML Composer's ``batch_get`` / ``batch_set`` (``composer/utils/batch_helpers.py``):
 same keys and semantics, so an algorithm's ``input_key``/``target_key`` work the same way.
+The implementation is :mod:`cadence.core.batch_access` (shared with
+``State.batch_get_item`` / ``State.batch_set_item``).
 
 A ``key`` is one of:
 
@@ -15,29 +17,11 @@ A ``key`` is one of:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from operator import attrgetter, itemgetter
-from typing import Any, Callable, Union
+from typing import Any
+
+from cadence.core.batch_access import BatchKey, get_item, set_item
 
 __all__ = ["batch_get", "batch_set"]
-
-BatchKey = Union[int, str, Sequence[Any], Callable[..., Any], tuple[Callable[..., Any], Callable[..., Any]]]
-
-
-def _getter_setter_pair(key: Any) -> bool:
-    """Whether ``key`` is a ``(getter, setter)`` pair.
-
-    Raises:
-        ValueError: a sequence of callables whose length is not 2.
-    """
-    if isinstance(key, str) or not isinstance(key, Sequence) or not key:
-        return False
-    if not all(callable(part) for part in key):
-        return False
-    if len(key) != 2:
-        raise ValueError(f"A key made of callables must be a (getter, setter) pair; got "
-                         f"{len(key)} callables.")
-    return True
 
 
 def batch_get(batch: Any, key: BatchKey) -> Any:
@@ -52,52 +36,9 @@ def batch_get(batch: Any, key: BatchKey) -> Any:
 
     Raises:
         KeyError, IndexError, AttributeError: ``key`` names nothing in ``batch``.
+        ValueError: a key of callables that is not a ``(getter, setter)`` pair.
     """
-    if _getter_setter_pair(key):
-        return key[0](batch)
-    if callable(key):
-        return key(batch)
-    try:
-        return itemgetter(key)(batch)
-    except (IndexError, TypeError):
-        pass
-    if isinstance(key, Sequence) and not isinstance(key, str):
-        try:
-            return itemgetter(*key)(batch)
-        except TypeError:
-            return attrgetter(*key)(batch)
-    return attrgetter(key)(batch)
-
-
-def _set_in_tuple(batch: tuple[Any, ...], key: Union[int, str], value: Any) -> tuple[Any, ...]:
-    """A new tuple (or named tuple) with ``key`` replaced: tuples cannot be changed in place."""
-    if hasattr(batch, "_fields"):  # a named tuple
-        if isinstance(key, str):
-            return batch._replace(**{key: value})  # type: ignore[attr-defined]
-        items = list(batch)
-        items[key] = value
-        return batch._make(items)  # type: ignore[attr-defined]
-    items = list(batch)
-    items[key] = value  # type: ignore[index]
-    return tuple(items)
-
-
-def _set_one(batch: Any, key: Any, value: Any) -> Any:
-    if isinstance(batch, tuple):
-        return _set_in_tuple(batch, key, value)
-    try:
-        batch[key]  # only existing keys: a dict would grow a new key otherwise
-    except TypeError as error:  # not subscriptable: try an attribute
-        if "not subscriptable" not in str(error) and "indices must be" not in str(error):
-            raise
-    else:
-        batch[key] = value
-        return batch
-    if not hasattr(batch, key):
-        raise RuntimeError(f"Cannot set {key!r} on a batch of type {type(batch).__name__}: it "
-                           f"has no such item or attribute; pass a setter function instead.")
-    setattr(batch, key, value)
-    return batch
+    return get_item(batch, key)
 
 
 def batch_set(batch: Any, key: BatchKey, value: Any) -> Any:
@@ -116,21 +57,4 @@ def batch_set(batch: Any, key: BatchKey, value: Any) -> Any:
         RuntimeError: ``batch`` has neither such an item nor such an attribute.
         ValueError: a sequence of keys with a value of another length.
     """
-    if _getter_setter_pair(key):
-        return key[1](batch, value)
-    if callable(key):
-        return key(batch, value)
-    if isinstance(key, Sequence) and not isinstance(key, str):
-        try:
-            batch[key]  # tensors and arrays take a sequence of indices
-            batch[key] = value
-            return batch
-        except (IndexError, TypeError, KeyError):
-            pass
-        if isinstance(value, str) or not hasattr(value, "__len__") or len(value) != len(key):
-            raise ValueError(f"Setting {len(key)} keys needs a sequence of {len(key)} values; "
-                             f"got {type(value).__name__}.")
-        for one_key, one_value in zip(key, value):
-            batch = _set_one(batch, one_key, one_value)
-        return batch
-    return _set_one(batch, key, value)
+    return set_item(batch, key, value)

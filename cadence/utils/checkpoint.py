@@ -12,17 +12,20 @@ Both are thin adapters: the checkpoint is written and read by
 :func:`cadence.checkpoint.checkpoint.load_checkpoint`, so it is a cadence checkpoint with
 everything that implies (atomic write, CRC32C checksums checked before any tensor is used,
 ``torch.load(weights_only=True)`` only, loadable on another number of ranks, readable by the
-Trainer's ``load_path`` and by ``cadence convert``). It is not a Composer checkpoint file, and
-Composer's files are not read here.
+Trainer's ``load_path`` and by ``cadence convert``). A ``full`` file has Composer's layout
+(``torch.load(path, weights_only=True)["state"]["model"]``,
+:mod:`cadence.checkpoint.layout`), and a ``full`` file written by Composer 0.32 itself loads
+here too (its pickled objects read by a restricted unpickler).
 
 Differences from Composer (also in each function's docstring):
 
 - A ``sharded`` checkpoint is one directory named by ``filename`` (DCP files, cadence's
   ``extra.pt`` and ``manifest.json``), not Composer's
   ``<sharded_ckpt_prefix_dir>/__<rank>_0.distcp``.
-- ``ignore_keys`` are glob patterns only (Composer's callable is refused), over cadence's key
-  space; Composer's ``state/...`` spellings are translated (see :func:`load_checkpoint`).
-  ``save_checkpoint`` takes none (save everything, ignore on load).
+- ``load_checkpoint``'s ``ignore_keys`` are glob patterns only (Composer's callable is
+  refused), over cadence's key space; Composer's ``state/...`` spellings are translated (see
+  :func:`load_checkpoint`). ``save_checkpoint`` takes Composer's (patterns over the file's
+  key paths, or a callable editing the file's dict) for ``full`` checkpoints only.
 - ``load_checkpoint`` restores the RNG itself (cadence's loader does); what it returns is
   the list of RNG states that the ranks hold after the load, in cadence's format.
 
@@ -36,13 +39,12 @@ import fnmatch
 import logging
 import os
 import string
-import tempfile
 import warnings
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import cadence.checkpoint.checkpoint as _impl
-from cadence.checkpoint.errors import CheckpointError
+from cadence.checkpoint.object_store import check_object_store, fetched_from_store
 from cadence.checkpoint.remote import fetched, is_remote
 from cadence.checkpoint.rng import get_rng_state
 from cadence.core.state import State
@@ -51,8 +53,8 @@ from cadence.utils import dist
 if TYPE_CHECKING:
     from cadence.core.passes import AlgorithmPass
 
-__all__ = ["FILENAME_FIELDS", "checkpoint_format", "load_checkpoint", "save_checkpoint",
-           "translate_ignore_keys"]
+__all__ = ["FILENAME_FIELDS", "checkpoint_format", "download_checkpoint", "get_save_filename",
+           "load_checkpoint", "save_checkpoint", "translate_ignore_keys"]
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +174,9 @@ def save_checkpoint(
             fields are rank 0's on every rank: every rank writes to the same checkpoint.
         weights_only: save the model only (no optimizer, schedulers, RNG, algorithm and
             callback state); such a checkpoint loads with ``load_weights_only=True``.
-        ignore_keys: not supported (None or empty only): save everything and skip parts when
-            loading (:func:`load_checkpoint`'s ``ignore_keys``), or ``weights_only=True``.
+        ignore_keys: what to leave out of a ``full`` file: glob patterns over its key paths
+            (``state/model/fc.*``, ``state/optimizers``, ``rng``) or a callable editing the
+            file's dict in place (Composer's; :func:`cadence.checkpoint.layout.drop_paths`).
 
     Returns:
         The checkpoint's path on the ranks that wrote it: rank 0 for ``full`` (None on the
@@ -181,17 +184,12 @@ def save_checkpoint(
         directory; Composer returns each rank's ``.distcp`` file there).
 
     Raises:
-        NotImplementedError: ``ignore_keys`` given.
+        NotImplementedError: ``ignore_keys`` with a ``sharded`` checkpoint.
         ValueError: ``filename`` has an unknown field, or is a URL (save to object storage
             with ``Trainer(save_folder="s3://...")`` instead).
         CheckpointWriteError: writing failed on some rank; nothing is left at ``filename``
             (a checkpoint there before is intact).
     """
-    if ignore_keys:
-        raise NotImplementedError(
-            "save_checkpoint(ignore_keys=...) is not supported by cadence: save the whole state "
-            "and pass the patterns to load_checkpoint(ignore_keys=...) (or the Trainer's "
-            "load_ignore_keys), or save with weights_only=True to keep the model only.")
     name = _format_filename(filename, state)
     if is_remote(name):
         raise ValueError(
@@ -199,6 +197,10 @@ def save_checkpoint(
             f"storage, give the Trainer save_folder={os.path.dirname(name)!r}, or upload the "
             f"returned path yourself.")
     fmt = checkpoint_format(state)
+    if ignore_keys and fmt != "full":
+        raise NotImplementedError(
+            "save_checkpoint(ignore_keys=...) applies to full checkpoints; for a sharded one, "
+            "save everything and pass the patterns to load_checkpoint(ignore_keys=...).")
     saver = _run_saver(state)
     if saver is not None and callable(getattr(saver, "wait", None)):
         saver.wait()  # a background save of the run still in flight finishes first
@@ -212,7 +214,8 @@ def save_checkpoint(
     if dist.get_global_rank() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    _impl.save_checkpoint(state, path, fmt, weights_only=weights_only, metadata=metadata)
+    _impl.save_checkpoint(state, path, fmt, weights_only=weights_only, metadata=metadata,
+                          ignore_keys=ignore_keys)
     log.info("Saved %s checkpoint %s at %s", fmt, path, state.timestamp)
     if fmt == "full" and dist.get_global_rank() != 0:
         return None
@@ -270,19 +273,6 @@ def translate_ignore_keys(ignore_keys: Optional[Sequence[str]]) -> list[str]:
                 f"callbacks/<Class>); it skips nothing.", UserWarning, stacklevel=3)
             patterns.append(key)
     return patterns
-
-
-def _download(object_store: Any, name: str, destination: Path) -> None:
-    """Copy object ``name`` to ``destination`` with Composer's ``ObjectStore``
-    (``download_object``) or ``LoggerDestination`` (``download_file``) interface."""
-    if callable(getattr(object_store, "download_object", None)):
-        object_store.download_object(object_name=name, filename=str(destination))
-    elif callable(getattr(object_store, "download_file", None)):
-        object_store.download_file(remote_file_name=name, destination=str(destination))
-    else:
-        raise TypeError(
-            f"object_store {type(object_store).__name__} has neither download_object(object_name, "
-            f"filename) nor download_file(remote_file_name, destination).")
 
 
 def load_checkpoint(
@@ -351,27 +341,80 @@ def load_checkpoint(
     patterns = translate_ignore_keys(ignore_keys)  # type: ignore[arg-type]
     source = _partial_format(str(path), run_name=state.run_name, rank=0, local_rank=0,
                              node_rank=0)
-    if object_store is None:
-        with fetched(source) as local:  # a URL: downloaded, then removed
-            _impl.load_checkpoint(state, local, weights_only=load_weights_only,
-                                  strict=strict_model_weights, ignore_keys=patterns)
-    else:
-        with tempfile.TemporaryDirectory(prefix="cadence-load-") as tmp:
-            local = Path(tmp) / (PurePosixPath(source).name or "checkpoint")
-            error: Optional[str] = None
-            try:
-                _download(object_store, source, local)
-            except TypeError:
-                raise
-            except Exception as exc:  # the store's own errors: missing object, network...
-                error = (f"Cannot download checkpoint {source!r} from {type(object_store).__name__}"
-                         f": {type(exc).__name__}: {exc}")
-            errors = [e for e in dist.all_gather_object(error) if e is not None]
-            if errors:
-                raise CheckpointError(errors[0])
-            _impl.load_checkpoint(state, local, weights_only=load_weights_only,
-                                  strict=strict_model_weights, ignore_keys=patterns)
+    check_object_store(object_store)
+    with (fetched(source) if object_store is None  # a URL: downloaded, then removed
+          else fetched_from_store(object_store, source)) as local:
+        _impl.load_checkpoint(state, local, weights_only=load_weights_only,
+                              strict=strict_model_weights, ignore_keys=patterns)
     log.info("%s loaded from %s", "Model weights" if load_weights_only else "Checkpoint", source)
     if load_weights_only or any(fnmatch.fnmatchcase("rng", p) for p in patterns):
         return None
     return dist.all_gather_object(get_rng_state())
+
+
+def get_save_filename(state: State, filename: str = "ep{epoch}-ba{batch}-rank{rank}") -> str:
+    """The name a checkpoint of ``state`` saved under the template ``filename`` gets (Composer's
+    ``get_save_filename``): the template's fields filled from ``state`` (see
+    :data:`FILENAME_FIELDS`). A sharded checkpoint (:func:`checkpoint_format`) is one
+    directory, so its name has no ``-rank{rank}`` part and no ``.pt``.
+
+    Raises:
+        ValueError: ``filename`` has a field not in :data:`FILENAME_FIELDS`.
+    """
+    name = _format_filename(filename, state)
+    if checkpoint_format(state) == "sharded":
+        name = name.replace(f"-rank{0}", "").removesuffix(".pt")
+    return name
+
+
+def download_checkpoint(path: str, node_checkpoint_folder: str,
+                        object_store: Optional[Any], progress_bar: bool
+                        ) -> tuple[str, Optional[str], bool]:
+    """Fetch the checkpoint at ``path`` (a file, or a sharded checkpoint's directory) into
+    ``node_checkpoint_folder`` on each node (Composer's ``download_checkpoint``; call on every
+    rank: the node's local rank 0 downloads, the others wait).
+
+    ``path`` is looked up in ``object_store`` when one is given (an fsspec URL of a folder,
+    or an object with ``download_object`` / ``download_file``); else it is a URL
+    (``s3://...``, downloaded with its completion marker checked) or a local path (copied).
+
+    Args:
+        path: the checkpoint's name in the store, its URL, or its local path.
+        node_checkpoint_folder: a local folder, created if missing.
+        object_store: where ``path`` is, or ``None``.
+        progress_bar: Composer's flag; cadence shows no download progress.
+
+    Returns:
+        ``(the local checkpoint, the local directory when it is a sharded checkpoint else
+        None, False)``: Composer's triple (cadence checkpoints are never tar archives, so
+        nothing is extracted on other ranks).
+
+    Raises:
+        CheckpointError: the download failed (on every rank).
+        FileNotFoundError: a local ``path`` that does not exist.
+    """
+    import shutil
+
+    from cadence.checkpoint.object_store import _download
+    from cadence.checkpoint.remote import RemoteFolder, split_url
+
+    del progress_bar
+    check_object_store(object_store)
+    name = str(path).rstrip("/")
+    folder = Path(node_checkpoint_folder)
+    dest = folder / Path(name).name
+    if dist.get_local_rank() == 0 and not dest.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        if isinstance(object_store, str):
+            RemoteFolder(object_store).download(name.lstrip("/"), dest)
+        elif object_store is not None:
+            _download(object_store, name.lstrip("/"), dest)
+        elif is_remote(name):
+            url, key = split_url(name)
+            RemoteFolder(url).download(key, dest)
+        elif Path(name).is_dir():
+            shutil.copytree(name, dest)
+        else:
+            shutil.copy2(name, dest)
+    dist.barrier()
+    return str(dest), (str(dest) if dest.is_dir() else None), False

@@ -15,7 +15,10 @@ import datetime
 import functools
 import logging
 import os
+import random
+import string
 import sys
+import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
@@ -29,6 +32,7 @@ __all__ = [
     "barrier",
     "all_reduce", "broadcast", "broadcast_object_list", "all_gather", "all_gather_object",
     "get_sampler", "run_local_rank_zero_first", "local_rank_zero_download_and_wait",
+    "get_node_signal_file_name", "write_signal_file", "busy_wait_for_local_rank_zero",
     "rank_zero_only", "get_rank_zero_logger",
 ]
 
@@ -61,10 +65,11 @@ def is_initialized() -> bool:
     return torch_dist.is_available() and torch_dist.is_initialized()
 
 
-def get_global_rank() -> int:
-    """This process's rank among all processes (0 without a process group or ``RANK``)."""
+def get_global_rank(group: Any = None) -> int:
+    """This process's rank among all processes (0 without a process group or ``RANK``), or
+    within ``group`` (a ``torch.distributed`` ProcessGroup) when one is given."""
     if is_initialized():
-        return torch_dist.get_rank()
+        return torch_dist.get_rank(group)
     return _env_int("RANK", 0)
 
 
@@ -283,18 +288,18 @@ def _needs_group(name: str) -> bool:
     return False
 
 
-def barrier() -> None:
-    """Wait for every rank (a no-op in one process)."""
+def barrier(group: Any = None) -> None:
+    """Wait for every rank, or every rank of ``group`` (a no-op in one process)."""
     if _needs_group("barrier"):
-        torch_dist.barrier()
+        torch_dist.barrier(group=group)
 
 
 _REDUCE_OPS = {"sum": "SUM", "product": "PRODUCT", "min": "MIN", "max": "MAX",
                "band": "BAND", "bor": "BOR", "bxor": "BXOR", "avg": "AVG"}
 
 
-def all_reduce(tensor: torch.Tensor, reduce_operation: str = "sum") -> None:
-    """Reduce ``tensor`` in place over all ranks.
+def all_reduce(tensor: torch.Tensor, reduce_operation: str = "sum", group: Any = None) -> None:
+    """Reduce ``tensor`` in place over all ranks (or the ranks of ``group``).
 
     Args:
         tensor: any shape; the result lands in it on every rank.
@@ -310,42 +315,45 @@ def all_reduce(tensor: torch.Tensor, reduce_operation: str = "sum") -> None:
             f"reduce_operation {reduce_operation!r} is not one of: {', '.join(_REDUCE_OPS)}."
         )
     if _needs_group("all_reduce"):
-        torch_dist.all_reduce(tensor, op=getattr(torch_dist.ReduceOp, op_name))
+        torch_dist.all_reduce(tensor, op=getattr(torch_dist.ReduceOp, op_name), group=group)
 
 
-def broadcast(tensor: torch.Tensor, src: int = 0) -> None:
-    """Copy ``tensor`` from rank ``src`` into every rank's ``tensor`` (same shape, dtype)."""
+def broadcast(tensor: torch.Tensor, src: int = 0, group: Any = None) -> None:
+    """Copy ``tensor`` from global rank ``src`` into every rank's ``tensor`` (same shape,
+    dtype), over all ranks or the ranks of ``group``."""
     if _needs_group("broadcast"):
-        torch_dist.broadcast(tensor, src=src)
+        torch_dist.broadcast(tensor, src=src, group=group)
 
 
-def broadcast_object_list(object_list: list[Any], src: int = 0) -> None:
-    """Replace ``object_list``'s items on every rank with rank ``src``'s (pickled)."""
+def broadcast_object_list(object_list: list[Any], src: int = 0, group: Any = None) -> None:
+    """Replace ``object_list``'s items on every rank (of ``group``) with global rank ``src``'s
+    (pickled)."""
     if _needs_group("broadcast_object_list"):
-        torch_dist.broadcast_object_list(object_list, src=src)
+        torch_dist.broadcast_object_list(object_list, src=src, group=group)
 
 
-def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
-    """Every rank's ``tensor`` (same shape on all ranks), in rank order."""
+def all_gather(tensor: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
+    """Every rank's ``tensor`` (same shape on all ranks), in rank order; over the ranks of
+    ``group`` when one is given."""
     if not _needs_group("all_gather"):
         return [tensor]
-    gathered = [torch.empty_like(tensor) for _ in range(torch_dist.get_world_size())]
-    torch_dist.all_gather(gathered, tensor)
+    gathered = [torch.empty_like(tensor) for _ in range(torch_dist.get_world_size(group))]
+    torch_dist.all_gather(gathered, tensor, group=group)
     return gathered
 
 
-def all_gather_object(obj: T) -> list[T]:
-    """Every rank's ``obj`` (picklable), in rank order."""
+def all_gather_object(obj: T, group: Any = None) -> list[T]:
+    """Every rank's ``obj`` (picklable), in rank order; over ``group``'s ranks if given."""
     if not _needs_group("all_gather_object"):
         return [obj]
-    gathered: list[Any] = [None] * torch_dist.get_world_size()
-    torch_dist.all_gather_object(gathered, obj)
+    gathered: list[Any] = [None] * torch_dist.get_world_size(group)
+    torch_dist.all_gather_object(gathered, obj, group=group)
     return gathered
 
 
 def get_sampler(
     dataset: torch.utils.data.Dataset, *, drop_last: bool = False, shuffle: bool = False,
-    seed: int = 0, num_replicas: Optional[int] = None, rank: Optional[int] = None,
+    num_replicas: Optional[int] = None, rank: Optional[int] = None, seed: int = 0,
 ) -> torch.utils.data.DistributedSampler:
     """A ``DistributedSampler`` over ``dataset`` for this rank, so each rank sees distinct
     samples. Use it for every map-style dataset in a multi-rank run; call
@@ -394,6 +402,56 @@ def local_rank_zero_download_and_wait(expected_file_path: str) -> None:
         raise FileNotFoundError(
             f"{expected_file_path} was not created by local rank 0; is the folder shared?"
         )
+
+
+def get_node_signal_file_name(rng: Optional[random.Random] = None) -> str:
+    """A file name for one wait among a node's ranks (Composer's helper):
+    ``._signal_file_node{node_rank}_{6 random letters or digits}``, the random part drawn
+    from ``rng`` (default: a fresh ``random.Random()``) on global rank 0 and broadcast, so
+    every rank of a node gets the same name and two waits do not share a file. Call it on
+    every rank (a collective with several ranks)."""
+    rng = rng or random.Random()
+    token = ["".join(rng.choices(string.ascii_letters + string.digits, k=6))]
+    broadcast_object_list(token, src=0)
+    return f"._signal_file_node{get_node_rank()}_{token[0]}"
+
+
+def write_signal_file(signal_file_name: str, dir_path: Optional[str] = None) -> str:
+    """Write the (empty-content) signal file ``signal_file_name`` in ``dir_path`` (default:
+    the working directory); returns its path (Composer's helper)."""
+    path = signal_file_name if dir_path is None else os.path.join(dir_path, signal_file_name)
+    with open(path, "w") as f:
+        f.write("local rank zero done")
+    return path
+
+
+@contextmanager
+def busy_wait_for_local_rank_zero(dir_path: Optional[str] = None,
+                                  poll_seconds: float = 0.1) -> Iterator[None]:
+    """Run the block on every rank, then hold each other rank of the node until local rank 0
+    has left it too (Composer's helper), by polling for a signal file local rank 0 writes in
+    ``dir_path`` (a folder every rank of the node sees; default: the working directory)
+    rather than a collective, so waiting ranks do not time out in a long barrier. The file
+    is removed once every rank has seen it. One process: just runs the block.
+
+    Raises:
+        RuntimeError: the signal file has not appeared after :func:`get_dist_timeout`.
+    """
+    name = get_node_signal_file_name()
+    yield
+    path = name if dir_path is None else os.path.join(dir_path, name)
+    if get_local_rank() == 0:
+        write_signal_file(name, dir_path)
+    else:
+        deadline = time.monotonic() + get_dist_timeout().total_seconds()
+        while not os.path.exists(path):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Local rank 0 did not write {path} within the dist timeout; "
+                                   f"is {dir_path or os.getcwd()!r} shared by the node's ranks?")
+            time.sleep(poll_seconds)
+    barrier()
+    if get_local_rank() == 0:
+        os.remove(path)
 
 
 def rank_zero_only(fn: Callable[..., T]) -> Callable[..., Optional[T]]:

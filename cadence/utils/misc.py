@@ -1,19 +1,21 @@
 """``create_interval_scheduler``: a ``(state, event) -> bool`` that is true every
-``interval`` (and at the end of training), for ``save_interval`` and ``eval_interval``.
+``interval`` (and at the end of training), for ``save_interval`` and ``eval_interval``;
+``add_vision_dataset_transform``: a transform added to a dataset's ``transform`` pipeline.
 
-Source: MosaicML Composer's ``create_interval_scheduler`` (``composer/utils/misc.py``):
-same arguments, defaults and semantics.
+Source: MosaicML Composer's ``create_interval_scheduler`` and
+``add_vision_dataset_transform`` (``composer/utils/misc.py``): same arguments, defaults and
+semantics (torchvision is not needed: see :func:`add_vision_dataset_transform`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 if TYPE_CHECKING:
     from cadence.core import Event, State, Time
 
-__all__ = ["create_interval_scheduler"]
+__all__ = ["add_vision_dataset_transform", "create_interval_scheduler"]
 
 
 def create_interval_scheduler(
@@ -101,3 +103,72 @@ def create_interval_scheduler(
         return False
 
     return check_interval
+
+
+_TO_TENSOR_NAMES = ("ToTensor", "PILToTensor")
+
+
+class _Composed:
+    """``transforms`` applied in order (the list a dataset's plain callable ``transform`` is
+    turned into when :func:`add_vision_dataset_transform` adds one)."""
+
+    def __init__(self, transforms: list[Callable[[Any], Any]]) -> None:
+        self.transforms = transforms
+
+    def __call__(self, image: Any) -> Any:
+        for transform in self.transforms:
+            image = transform(image)
+        return image
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.transforms!r})"
+
+
+def add_vision_dataset_transform(dataset: Any, transform: Callable[[Any], Any],
+                                 is_tensor_transform: bool = False) -> None:
+    """Add ``transform`` to ``dataset.transform``, in place.
+
+    Where it goes: a transform on ``PIL`` images (``is_tensor_transform=False``) goes just
+    before the pipeline's ``ToTensor`` / ``PILToTensor`` step (recognised by class name), a
+    tensor transform just after it; with no such step, at the end. ``dataset.transform``
+    may be ``None`` (``transform`` becomes it), a ``Compose``-like object with a
+    ``transforms`` list (a torchvision ``Compose``; inserted into that list), a list of
+    transforms (inserted into it; the dataset applies the list itself), or any other
+    callable (it and ``transform`` are wrapped into a small composed callable: ``transform``
+    first for ``PIL`` transforms, last for tensor transforms).
+
+    Args:
+        dataset: a dataset with a ``transform`` attribute (a torchvision ``VisionDataset``,
+            or any dataset that applies ``self.transform`` to its images).
+        transform: ``image -> image``.
+        is_tensor_transform: whether ``transform`` takes tensors (else ``PIL`` images).
+
+    Raises:
+        TypeError: ``dataset`` has no ``transform`` attribute, or it is neither ``None``, a
+            list, a ``Compose``-like object nor a callable.
+    """
+    if not hasattr(dataset, "transform"):
+        raise TypeError(
+            f"add_vision_dataset_transform: {type(dataset).__name__} has no 'transform' "
+            f"attribute. Give the dataset a 'transform' (None, a callable or a list of "
+            f"transforms) that its __getitem__ applies to each image.")
+    current = dataset.transform
+    if current is None:
+        dataset.transform = transform
+        return
+    steps = current if isinstance(current, list) else getattr(current, "transforms", None)
+    if isinstance(steps, list):
+        names = [type(step).__name__ for step in steps]
+        where = next((i for i, name in enumerate(names) if name in _TO_TENSOR_NAMES), None)
+        if where is None:
+            steps.append(transform)
+        else:
+            steps.insert(where + 1 if is_tensor_transform else where, transform)
+        return
+    if not callable(current):
+        raise TypeError(
+            f"add_vision_dataset_transform: {type(dataset).__name__}.transform is a "
+            f"{type(current).__name__}; expected None, a callable, a list of transforms or "
+            f"a Compose-like object with a 'transforms' list.")
+    dataset.transform = _Composed([current, transform] if is_tensor_transform
+                                  else [transform, current])

@@ -60,11 +60,12 @@ def _refuse_wrapped(module: nn.Module) -> None:
         wrappers += [FSDPModule, FullyShardedDataParallel]
     except ImportError:  # torch without distributed support
         pass
-    for sub in module.modules():
+    for path, sub in module.named_modules():
         if isinstance(sub, tuple(wrappers)):
+            where = f"at {path!r}" if path else "at its root"
             raise TypeError(
                 f"Cannot do surgery on a model that is already parallelized ({type(sub).__name__} "
-                f"found in it): replace modules in the plain model, then wrap or shard it. In a "
+                f"{where}): replace modules in the plain model, then wrap or shard it. In a "
                 f"cadence run, do surgery at Event.INIT (an algorithm's apply), which runs "
                 f"before the Trainer applies DDP / FSDP2 / TP.")
 

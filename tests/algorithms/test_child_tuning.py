@@ -192,7 +192,7 @@ def test_resume_is_exact_and_keeps_the_mask(mode: str, tmp_path: Path,
 
     straight = trainer()
     straight.fit()
-    resumed = trainer(load_path=str(tmp_path / "ep0-ba2.pt"), save_overwrite=True)
+    resumed = trainer(load_path=str(tmp_path / "ep0-ba2-rank0.pt"), save_overwrite=True)
     if mode == "D":
         import cadence.algorithms.child_tuning as module
 

@@ -144,8 +144,9 @@ def test_state_dict_round_trip_and_exact_resume(tmp_path: Path) -> None:
 
     straight = trainer()
     straight.fit()
-    resumed = trainer(load_path=str(tmp_path / "ep0-ba2.pt"), save_overwrite=True)
-    saved = torch.load(tmp_path / "ep0-ba2.pt", weights_only=True)["algorithms"]["EMA"]
+    resumed = trainer(load_path=str(tmp_path / "ep0-ba2-rank0.pt"), save_overwrite=True)
+    saved = dict(torch.load(tmp_path / "ep0-ba2-rank0.pt",
+                            weights_only=True)["state"]["algorithms"])["EMA"]
     assert saved["ema_started"] and not saved["ema_weights_active"]
     _assert_close(resumed.state.algorithms[0].shadow, saved["shadow"], rtol=0, atol=0)
     resumed.fit()

@@ -67,7 +67,7 @@ def test_fp16_gets_a_grad_scaler_and_fp32_resets_precision() -> None:
 def test_checkpoint_holds_fp32_weights(tmp_path: Path) -> None:
     _, trainer, _ = _first_loss([MixedPrecision("amp_bf16")])
     path = save_checkpoint(trainer.state, tmp_path / "ckpt.pt", "full")
-    model_sd = torch.load(path, weights_only=True)["model"]
+    model_sd = torch.load(path, weights_only=True)["state"]["model"]
     assert {t.dtype for t in model_sd.values()} == {torch.float32}
 
 
@@ -144,7 +144,7 @@ def test_fsdp_bf16_keeps_norms_and_checkpoints_fp32(tmp_path: Path) -> None:
     full_path = save_checkpoint(trainer.state, tmp_path / "full.pt", "full")
     sharded_path = save_checkpoint(trainer.state, tmp_path / "sharded", "sharded")
     if torch.distributed.get_rank() == 0:
-        model_sd = torch.load(full_path, weights_only=True)["model"]
+        model_sd = torch.load(full_path, weights_only=True)["state"]["model"]
         assert {t.dtype for t in model_sd.values()} == {torch.float32}
     metadata = FileSystemReader(str(sharded_path)).read_metadata()
     dtypes = {meta.properties.dtype for key, meta in metadata.state_dict_metadata.items()

@@ -32,20 +32,20 @@ def _run(folder: Path, **kwargs: Any) -> Trainer:
 def test_attributes_are_composers(tmp_path: Path) -> None:
     trainer = _run(tmp_path, save_num_checkpoints_to_keep=1, save_overwrite=True)
     saver = _saver(trainer)
-    assert saver.folder == str(tmp_path) and saver.filename == "ep{epoch}-ba{batch}"
+    assert saver.folder == str(tmp_path) and saver.filename == "ep{epoch}-ba{batch}-rank{rank}.pt"
     assert saver.latest_filename == "latest-{run_name}"
     assert callable(saver.save_interval)
     assert saver.save_interval(trainer.state, Event.BATCH_CHECKPOINT) is True  # "1ba"
     assert saver.num_checkpoints_to_keep == 1 and saver.overwrite is True
     assert saver.weights_only is False
-    assert saver.saved_checkpoints == [str(tmp_path / "ep0-ba2.pt")]
-    assert not (tmp_path / "ep0-ba1.pt").exists()  # rotated out
+    assert saver.saved_checkpoints == [str(tmp_path / "ep0-ba2-rank0.pt")]
+    assert not (tmp_path / "ep0-ba1-rank0.pt").exists()  # rotated out
 
 
 def test_symlink_points_at_the_newest_and_autoresume_still_works(tmp_path: Path) -> None:
     _run(tmp_path)
     link = tmp_path / "latest-rank0.pt"
-    assert link.is_symlink() and os.readlink(link) == "ep0-ba2.pt"
+    assert link.is_symlink() and os.readlink(link) == "ep0-ba2-rank0.pt"
     assert torch.load(link, weights_only=False) is not None  # loads as the checkpoint
     resumed = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(num_batches=2),
                       max_duration="3ba", save_folder=str(tmp_path), save_interval="1ba",
@@ -53,7 +53,7 @@ def test_symlink_points_at_the_newest_and_autoresume_still_works(tmp_path: Path)
     assert int(resumed.state.timestamp.batch) == 2
     resumed.fit()
     resumed.close()
-    assert os.readlink(link) == "ep1-ba3.pt"
+    assert os.readlink(link) == "ep1-ba3-rank0.pt"
 
 
 def test_a_composer_latest_filename_names_the_symlink(tmp_path: Path) -> None:
@@ -82,7 +82,11 @@ def test_keep_zero_uploads_then_keeps_nothing_locally(tmp_path: Path) -> None:
     store = Store(tmp_path / "remote")
     trainer = _run(tmp_path / "local", save_num_checkpoints_to_keep=0, loggers=[store])
     assert [n for n in store.names if "checkpoints" in n] == [
-        "ckpt/checkpoints/ep0-ba1-rank0.pt", "ckpt/checkpoints/ep0-ba2-rank0.pt"]
+        "ckpt/checkpoints/ep0-ba1-rank0.pt", "ckpt/checkpoints/latest-rank0.pt.symlink",
+        "ckpt/checkpoints/ep0-ba2-rank0.pt", "ckpt/checkpoints/latest-rank0.pt.symlink"]
+    # Composer's remote "symlink": a text file naming the newest uploaded checkpoint
+    assert (tmp_path / "remote" / "ckpt/checkpoints/latest-rank0.pt.symlink").read_text() == (
+        "ckpt/checkpoints/ep0-ba2-rank0.pt")
     assert not list((tmp_path / "local").glob("ep*.pt"))
     assert _saver(trainer).saved_checkpoints == []
     uploaded = torch.load(tmp_path / "remote" / "ckpt/checkpoints/ep0-ba2-rank0.pt",

@@ -87,7 +87,24 @@ def test_cuda_figures_and_retry_warning(fake_cuda: FakeAllocator,
 
 
 @pytest.mark.parametrize("kwargs", [{"log_interval": 0}, {"log_interval": "1ep"},
-                                    {"retry_warning_interval": 0}])
+                                    {"retry_warning_interval": 0},
+                                    {"dist_aggregate_batch_interval": 0},
+                                    {"memory_keys": {"allocated_bytes.all.current": 1}}])
 def test_rejects_bad_intervals(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="MemoryMonitor"):
         MemoryMonitor(**kwargs)  # type: ignore[arg-type]
+
+
+def test_dist_aggregate_logs_avg_min_max_on_its_interval() -> None:
+    memory = InMemoryLogger()
+    monitor = MemoryMonitor(dist_aggregate_batch_interval=2, log_interval=1)
+    trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(num_batches=4),
+                      max_duration="4ba", seed=0, progress_bar=False, callbacks=[monitor],
+                      loggers=[memory], device="cpu")
+    trainer.fit()
+    steps, _ = memory.steps_and_values("memory/rss_bytes_max")
+    assert steps == [2, 4]  # every dist_aggregate_batch_interval batches only
+    _, low = memory.steps_and_values("memory/rss_bytes_min")
+    _, high = memory.steps_and_values("memory/rss_bytes_max")
+    _, mean = memory.steps_and_values("memory/rss_bytes_avg")
+    assert all(lo == av == hi > 0 for lo, av, hi in zip(low, mean, high))  # one rank

@@ -18,8 +18,9 @@ from cadence.utils import dist
 from tests.common.models import SimpleModel, make_dataloader
 
 
-def fit(profiler: ProfilerCallback, batches: int = 4, **kwargs: Any) -> Trainer:
-    trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(num_batches=batches),
+def fit(profiler: ProfilerCallback, batches: int = 4, epoch: int = 0, **kwargs: Any) -> Trainer:
+    loader = make_dataloader(num_batches=max(batches, epoch))  # epoch: batches per epoch
+    trainer = Trainer(model=SimpleModel(), train_dataloader=loader,
                       max_duration=f"{batches}ba", seed=0, progress_bar=False,
                       callbacks=[profiler], **kwargs)
     trainer.fit()
@@ -51,10 +52,11 @@ def test_trace_parses_and_holds_the_steps_aten_ops(tmp_path: Path) -> None:
 def test_window_cut_short_and_repeat_and_gzip(tmp_path: Path) -> None:
     profiler = ProfilerCallback(warmup=1, active=2, repeat=0, folder=str(tmp_path / "t"),
                                 filename="{run_name}-{epoch}-{batch}.json", use_gzip=True)
-    fit(profiler, batches=5, run_name="r")
-    # cycles of 3: warm-up 1, record 2-3 (written); warm-up 4, record 5, cut short by the
-    # end of the fit and written at FIT_END (after EPOCH_END: epoch 1)
-    assert [p.name for p in profiler.saved_traces] == ["r-0-3.json.gz", "r-1-5.json.gz"]
+    fit(profiler, batches=5, epoch=8, run_name="r")
+    # Composer's cyclic schedule, within an 8-batch epoch: cycles of 3: warm-up 1, record
+    # 2-3 (written); warm-up 4, record 5, cut short by the end of the fit (5ba) and written
+    # at FIT_END
+    assert [p.name for p in profiler.saved_traces] == ["r-0-3.json.gz", "r-0-5.json.gz"]
     for path in profiler.saved_traces:
         assert any(e.get("name", "").startswith("aten::") for e in events(path))
 

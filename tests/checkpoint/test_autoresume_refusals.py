@@ -47,13 +47,13 @@ def test_relaunch_of_the_same_file_resumes(tmp_path: Path) -> None:
     folder = tmp_path / "runs"
     path = run_file(tmp_path, folder)
     assert main(["train", str(path)]) == 0
-    first = (folder / "ep0-ba2.pt").read_bytes()
+    first = (folder / "ep0-ba2-rank0.pt").read_bytes()
     assert main(["train", str(path), "max_duration=4ba"]) == 0  # continues at batch 2
-    assert (folder / "latest-exp").read_text().strip() == "ep0-ba4.pt"
-    assert read_metadata(folder / "ep0-ba4.pt")["run_name"] == "exp"
-    assert (folder / "ep0-ba2.pt").read_bytes() == first  # not trained again, not rewritten
-    extra = torch.load(folder / "ep0-ba3.pt", weights_only=True)
-    assert extra["timestamp"]["batch"] == 3
+    assert (folder / "latest-exp").read_text().strip() == "ep0-ba4-rank0.pt"
+    assert read_metadata(folder / "ep0-ba4-rank0.pt")["run_name"] == "exp"
+    assert (folder / "ep0-ba2-rank0.pt").read_bytes() == first  # not trained again, not rewritten
+    extra = torch.load(folder / "ep0-ba3-rank0.pt", weights_only=True)
+    assert extra["state"]["timestamp"]["Timestamp"]["batch"] == 3
 
 
 def test_autoresume_into_another_runs_folder_is_refused_at_start(tmp_path: Path) -> None:
@@ -61,7 +61,7 @@ def test_autoresume_into_another_runs_folder_is_refused_at_start(tmp_path: Path)
     folder = tmp_path / "runs"
     path = run_file(tmp_path, folder)
     assert main(["train", str(path), "autoresume=false"]) == 0
-    other = read_metadata(folder / "ep0-ba2.pt")["run_name"]
+    other = read_metadata(folder / "ep0-ba2-rank0.pt")["run_name"]
     assert other.startswith("exp-")
     before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
     with pytest.raises(ValueError) as info:

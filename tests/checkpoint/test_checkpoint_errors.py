@@ -44,7 +44,7 @@ def saved_checkpoint(folder: Path, fmt: str) -> Path:
     trainer = make_trainer(folder, fmt)
     trainer.fit()
     trainer.close()
-    path = folder / ("ep0-ba1.pt" if fmt == "full" else "ep0-ba1")
+    path = folder / ("ep0-ba1-rank0.pt" if fmt == "full" else "ep0-ba1")
     assert is_complete(path)
     return path
 
@@ -125,7 +125,7 @@ def test_unfinished_sharded_directory_and_temporary_are_refused(tmp_path: Path) 
     (path / ".metadata").unlink()
     message = load_error(path)
     assert str(path) in message and ".metadata" in message
-    tmp = tmp_path / "ep0-ba9.pt.tmp-0123abcd"
+    tmp = tmp_path / "ep0-ba9-rank0.pt.tmp-0123abcd"
     tmp.write_bytes(b"x" * 10)
     assert "unfinished save" in load_error(tmp)
     empty = tmp_path / "empty.pt"
@@ -167,7 +167,7 @@ def test_full_file_with_pickled_object_is_refused(tmp_path: Path) -> None:
     path = saved_checkpoint(tmp_path, "full")
     marker = tmp_path / "ran"
     checkpoint = torch.load(path, weights_only=True)
-    checkpoint["metadata"]["note"] = Evil(marker)  # checkpoint-shaped, one foreign object
+    checkpoint["state"]["metadata"]["note"] = Evil(marker)  # checkpoint-shaped, one foreign object
     torch.save(checkpoint, path)
     message = load_error(path)
     assert str(path) in message and "weights_only=True" in message
@@ -195,7 +195,7 @@ def test_callback_state_with_pickled_object_is_refused(tmp_path: Path, fmt: str)
     trainer = make_trainer(tmp_path / "run", fmt, callbacks=[Holder(Evil(marker))])
     trainer.fit()
     trainer.close()
-    path = tmp_path / "run" / ("ep0-ba2.pt" if fmt == "full" else "ep0-ba2")
+    path = tmp_path / "run" / ("ep0-ba2-rank0.pt" if fmt == "full" else "ep0-ba2")
     with pytest.raises(CheckpointError) as info:
         make_trainer(callbacks=[Holder()], load_path=str(path))
     assert str(path) in str(info.value) and "weights_only=True" in str(info.value)
@@ -212,19 +212,19 @@ def test_finders_skip_temporaries_and_unfinished_directories(tmp_path: Path) -> 
     sharded = saved_checkpoint(tmp_path / "src_sharded", "sharded")
     folder = tmp_path / "folder"
     folder.mkdir()
-    os.replace(good, folder / "ep0-ba1.pt")
+    os.replace(good, folder / "ep0-ba1-rank0.pt")
     # newer than the good one, but none of them complete:
     candidates = {
-        "ep0-ba2.pt.tmp-0123abcd": "file",  # a full save not yet renamed
+        "ep0-ba2-rank0.pt.tmp-0123abcd": "file",  # a full save not yet renamed
         "ep0-ba3.tmp-89abcdef": "sharded",  # a complete-looking directory, still a temporary
         "ep0-ba4": "no_metadata",  # a sharded directory whose save did not finish
         "ep0-ba5": "no_extra",
-        "ep0-ba6.pt": "empty",
+        "ep0-ba6-rank0.pt": "empty",
     }
     for name, kind in candidates.items():
         target = folder / name
         if kind == "file":
-            target.write_bytes((folder / "ep0-ba1.pt").read_bytes())
+            target.write_bytes((folder / "ep0-ba1-rank0.pt").read_bytes())
         elif kind == "empty":
             target.touch()
         else:
@@ -234,12 +234,12 @@ def test_finders_skip_temporaries_and_unfinished_directories(tmp_path: Path) -> 
             if kind == "no_extra":
                 (target / "extra.pt").unlink()
         assert not is_complete(target), name
-    assert is_complete(folder / "ep0-ba1.pt")
-    assert find_latest_checkpoint(folder, f"latest-{RUN}") == folder / "ep0-ba1.pt"
+    assert is_complete(folder / "ep0-ba1-rank0.pt")
+    assert find_latest_checkpoint(folder, f"latest-{RUN}") == folder / "ep0-ba1-rank0.pt"
     # a pointer at an incomplete checkpoint is not followed either
     for name in candidates:
         write_latest(folder, f"latest-{RUN}", name)
-        assert find_latest_checkpoint(folder, f"latest-{RUN}") == folder / "ep0-ba1.pt"
+        assert find_latest_checkpoint(folder, f"latest-{RUN}") == folder / "ep0-ba1-rank0.pt"
     # autoresume loads the good one, not a newer temporary
     trainer = make_trainer(folder, autoresume=True)
     assert trainer.state.timestamp.batch == 1

@@ -92,7 +92,7 @@ def tensors(trainer: Trainer) -> list[torch.Tensor]:
 @pytest.mark.parametrize("fmt", ["full", "sharded"])
 def test_flipped_bytes_are_refused_naming_the_file(tmp_path: Path, fmt: str) -> None:
     train(tmp_path / "run", fmt, batches=1)
-    good = tmp_path / "run" / ("ep0-ba1.pt" if fmt == "full" else "ep0-ba1")
+    good = tmp_path / "run" / ("ep0-ba1-rank0.pt" if fmt == "full" else "ep0-ba1")
     reference = make_trainer(None)
     load_checkpoint(reference.state, good)
     expected = tensors(reference)
@@ -128,13 +128,13 @@ def test_checksums_are_those_of_the_written_files(tmp_path: Path) -> None:
     lists every file of the directory."""
     train(tmp_path / "full", "full", batches=1)
     train(tmp_path / "sharded", "sharded", batches=1)
-    full = tmp_path / "full" / "ep0-ba1.pt"
+    full = tmp_path / "full" / "ep0-ba1-rank0.pt"
     size, crc = embedded_checksum(full)  # type: ignore[misc]
     data = bytearray(full.read_bytes()[:size])
     data[-2:] = b"\x00\x00"  # as torch.save wrote it: no zip comment
     (tmp_path / "plain.pt").write_bytes(bytes(data))
     assert file_crc32c(tmp_path / "plain.pt") == (size, crc)
-    assert torch.load(full, weights_only=True)["timestamp"] is not None  # still a torch file
+    assert torch.load(full, weights_only=True)["state"]["timestamp"] is not None  # still a torch file
     sharded = tmp_path / "sharded" / "ep0-ba1"
     entries = read_manifest(sharded / "manifest.json")
     assert entries is not None
@@ -150,7 +150,7 @@ def test_autoresume_falls_back_to_newest_intact(tmp_path: Path, fmt: str,
                                                 caplog: pytest.LogCaptureFixture) -> None:
     folder = tmp_path / "run"
     train(folder, fmt, batches=3)
-    suffix = ".pt" if fmt == "full" else ""
+    suffix = "-rank0.pt" if fmt == "full" else ""
     newest = folder / f"ep0-ba3{suffix}"
     assert (folder / f"latest-{RUN}").read_text().strip() == newest.name
     damaged = newest if fmt == "full" else newest / "__0_0.distcp"
@@ -172,12 +172,12 @@ def test_autoresume_falls_back_to_newest_intact(tmp_path: Path, fmt: str,
 def test_autoresume_refuses_when_no_checkpoint_is_intact(tmp_path: Path) -> None:
     folder = tmp_path / "run"
     train(folder, "full", batches=2)
-    for name in ("ep0-ba1.pt", "ep0-ba2.pt"):
+    for name in ("ep0-ba1-rank0.pt", "ep0-ba2-rank0.pt"):
         flip(folder / name, tensor_spans((folder / name).read_bytes())[0][0])
     with pytest.raises(CheckpointError, match="none passes its checksums") as info:
         make_trainer(folder, autoresume=True)
-    assert str(folder / "ep0-ba1.pt") in str(info.value)
-    assert str(folder / "ep0-ba2.pt") in str(info.value)
+    assert str(folder / "ep0-ba1-rank0.pt") in str(info.value)
+    assert str(folder / "ep0-ba2-rank0.pt") in str(info.value)
 
 
 @pytest.mark.parametrize("fmt", ["full", "sharded"])
@@ -188,7 +188,7 @@ def test_checkpoint_without_checksums_is_refused_unless_not_required(
     ``require_checksums=False`` (e.g. a file from before checksums) it loads, and says it is
     unverified."""
     train(tmp_path / "run", fmt, batches=1)
-    path = tmp_path / "run" / ("ep0-ba1.pt" if fmt == "full" else "ep0-ba1")
+    path = tmp_path / "run" / ("ep0-ba1-rank0.pt" if fmt == "full" else "ep0-ba1")
     if fmt == "full":
         size, _ = embedded_checksum(path)  # type: ignore[misc]
         data = bytearray(path.read_bytes()[:size])

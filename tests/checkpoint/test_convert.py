@@ -55,7 +55,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     sharded.save(trainer.state)
     trainer.close()
     return {"root": root, "trainer": trainer, "tokenizer": tokenizer,
-            "full": root / "full" / "ep0-ba3.pt", "sharded": root / "sharded" / "ep1-ba3"}
+            "full": root / "full" / "ep0-ba3-rank0.pt", "sharded": root / "sharded" / "ep1-ba3"}
 
 
 def reference_logits(trained: dict[str, Any], ids: torch.Tensor) -> torch.Tensor:
@@ -138,7 +138,7 @@ def test_non_huggingface_checkpoint_to_hf_fails_clearly(tmp_path: Path,
                       save_folder=str(tmp_path / "run"))
     trainer.fit()
     trainer.close()
-    checkpoint = tmp_path / "run" / "ep0-ba2.pt"
+    checkpoint = tmp_path / "run" / "ep0-ba2-rank0.pt"
     out = tmp_path / "hf"
     assert cli_main(["convert", str(checkpoint), "--to", "hf", str(out)]) == 1
     err = capsys.readouterr().err
@@ -153,3 +153,43 @@ def test_missing_checkpoint_fails_clearly(tmp_path: Path,
     for to in ("hf", "full"):
         assert cli_main(["convert", str(missing), "--to", to, str(tmp_path / "out")]) == 1
         assert f"{missing} does not exist" in capsys.readouterr().err
+
+
+def test_hf_from_composer_checkpoint_returns_the_trained_model(trained: dict[str, Any],
+                                                               tmp_path: Path) -> None:
+    from cadence.models import HuggingFaceModel
+
+    saved = torch.load(trained["full"], weights_only=True)["state"]  # Composer's layout
+    assert saved["integrations"]["huggingface"]["model"]["config"]["class"] == "GPT2LMHeadModel"
+    keep = tmp_path / "kept" / "copy.pt"
+    model, tokenizer = HuggingFaceModel.hf_from_composer_checkpoint(
+        str(trained["full"]), local_checkpoint_save_location=keep)
+    assert keep.read_bytes() == trained["full"].read_bytes()
+    model.eval()
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    torch.testing.assert_close(logits, reference_logits(trained, ids), atol=1e-6, rtol=0)
+    for text in TEXTS:
+        assert tokenizer.encode(text) == trained["tokenizer"].encode(text), text
+    bigger, _ = HuggingFaceModel.hf_from_composer_checkpoint(
+        str(trained["full"]), model_instantiation_class="GPT2LMHeadModel",
+        model_config_kwargs={"resid_pdrop": 0.0})
+    assert bigger.config.resid_pdrop == 0.0
+
+
+def test_write_huggingface_pretrained_loads_with_from_pretrained(trained: dict[str, Any],
+                                                                 tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from cadence.models import write_huggingface_pretrained_from_composer_checkpoint
+
+    out = tmp_path / "hf"
+    write_huggingface_pretrained_from_composer_checkpoint(trained["full"], out)
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    assert not (out / "pytorch_model.bin").exists()  # no pickle to load
+    model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    torch.testing.assert_close(logits, reference_logits(trained, ids), atol=1e-6, rtol=0)

@@ -199,7 +199,7 @@ def test_stateful_dataloader_iterable_resumes_without_replay(tmp_path: Path, sto
         return StatefulDataLoader(datasets[-1], batch_size=BATCH)
     check_exact(tmp_path, make, stop_at=stop_at, boundary=boundary)
     checkpoint = torch.load(next((tmp_path / "cut").glob("*.pt")), weights_only=True)
-    assert checkpoint["data"][0]["kind"] == "stateful"
+    assert checkpoint["state"]["data"][0]["kind"] == "stateful"
 
 
 @pytest.mark.filterwarnings(STATEFUL_WARNING)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import yaml
 
@@ -94,28 +95,28 @@ def test_sigkill_and_autoresume_give_the_uninterrupted_loss_curve(tmp_path: Path
     # 1. killed at the end of batch 3: the checkpoint of batch 2 stays the latest
     code, out = finish(launch(config))
     assert code == -9, out[-3000:]
-    assert latest(folder) == ("ep0-ba2.pt", 2)
+    assert latest(folder) == ("ep0-ba2-rank0.pt", 2)
 
     # 2. killed inside the save of batch 6, its data written, before the rename: batch 4's
     # checkpoint stays the latest; the temporary is left behind and never taken for one
     code, out = finish(launch(config))
     assert code == -9, out[-3000:]
-    assert latest(folder) == ("ep0-ba4.pt", 4)
-    assert not (folder / "ep0-ba6.pt").exists()
-    assert [p.name.split(".tmp-")[0] for p in folder.glob("*.tmp-*")] == ["ep0-ba6.pt"]
+    assert latest(folder) == ("ep0-ba4-rank0.pt", 4)
+    assert not (folder / "ep0-ba6-rank0.pt").exists()
+    assert [p.name.split(".tmp-")[0] for p in folder.glob("*.tmp-*")] == ["ep0-ba6-rank0.pt"]
 
     # 3. killed in the save of batch 8 after the rename, before the pointer moved: the
     # pointer still names batch 6; batch 8's orphan is replaced by the resumed run
     code, out = finish(launch(config))
     assert code == -9, out[-3000:]
-    assert latest(folder) == ("ep0-ba6.pt", 6)
-    assert is_complete(folder / "ep1-ba8.pt")
+    assert latest(folder) == ("ep0-ba6-rank0.pt", 6)
+    assert is_complete(folder / "ep1-ba8-rank0.pt")
 
     # 4. the same command again runs to the end, printing which checkpoint it resumed from
     code, out = finish(launch(config))
     assert code == 0, out[-3000:]
-    assert f"Resumed from checkpoint {folder / 'ep0-ba6.pt'}" in out  # issue 25 (weak)
-    assert latest(folder) == ("ep1-ba12.pt", 12)
+    assert f"Resumed from checkpoint {folder / 'ep0-ba6-rank0.pt'}" in out  # issue 25 (weak)
+    assert latest(folder) == ("ep1-ba12-rank0.pt", 12)
     assert sorted(p.name for p in markers.iterdir()) == [
         "batch_end-ba3", "before_pointer-ba8", "during_save-ba6"]
 
@@ -149,11 +150,14 @@ def train(folder: Path, callbacks: Any = ()) -> Trainer:
     return trainer
 
 
-def test_finished_run_relaunched_saves_nothing_and_succeeds(tmp_path: Path) -> None:
+def test_finished_run_relaunched_saves_nothing_and_raises_composers_error(
+        tmp_path: Path) -> None:
+    """In Python, fit() on a finished autoresumed run raises Composer's ValueError (the
+    `cadence train` relaunch above succeeds instead, without calling fit)."""
     train(tmp_path)
     before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
-    trainer = train(tmp_path)
-    assert trainer.state.timestamp.batch == 6
+    with pytest.raises(ValueError, match="No training would occur"):
+        train(tmp_path)
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before
 
 
@@ -180,23 +184,23 @@ def test_orphan_beyond_the_pointer_is_replaced(tmp_path: Path, monkeypatch: Any)
         pass
     else:
         raise AssertionError("the save of batch 4 should have been interrupted")
-    assert (folder / LATEST).read_text().strip() == "ep0-ba2.pt"
-    assert is_complete(folder / "ep0-ba4.pt")
+    assert (folder / LATEST).read_text().strip() == "ep0-ba2-rank0.pt"
+    assert is_complete(folder / "ep0-ba4-rank0.pt")
     monkeypatch.setattr(saver_module, "write_latest", real)
     resumed = train(folder)
-    assert (folder / LATEST).read_text().strip() == "ep0-ba6.pt"
+    assert (folder / LATEST).read_text().strip() == "ep0-ba6-rank0.pt"
     for (name, got), (_, want) in zip(resumed.state.model.state_dict().items(),
                                       reference.state.model.state_dict().items()):
         assert torch.equal(got, want), name
     # and a different run's checkpoint of the same name is still never clobbered
     other = tmp_path / "other"
     train(other, callbacks=[StopAt(2)])
-    state = torch.load(other / "ep0-ba2.pt", weights_only=True)
-    state["metadata"]["run_name"] = "someone-else"
-    torch.save(state, other / "ep0-ba4.pt")  # sits where this run's next save goes
+    state = torch.load(other / "ep0-ba2-rank0.pt", weights_only=True)
+    state["state"]["metadata"]["run_name"] = "someone-else"
+    torch.save(state, other / "ep0-ba4-rank0.pt")  # sits where this run's next save goes
     try:
         train(other)
     except FileExistsError as exc:
-        assert str(other / "ep0-ba4.pt") in str(exc)
+        assert str(other / "ep0-ba4-rank0.pt") in str(exc)
     else:
         raise AssertionError("another run's checkpoint was overwritten")

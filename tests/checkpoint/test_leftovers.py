@@ -80,7 +80,7 @@ def test_no_space_left_removes_temporary_and_names_files(
         trainer.fit()
     trainer.close()
     monkeypatch.undo()
-    previous = folder / ("ep0-ba1.pt" if fmt == "full" else "ep0-ba1")
+    previous = folder / ("ep0-ba1-rank0.pt" if fmt == "full" else "ep0-ba1")
     assert str(info.value).startswith(f"no space left on device while writing {written[0]}; "
                                       f"the previous checkpoint {previous} is intact")
     assert info.value.errno == errno.ENOSPC
@@ -110,7 +110,7 @@ def test_failed_save_from_a_bug_removes_its_temporary(tmp_path: Path) -> None:
     trainer.close()
     assert not isinstance(info.value, CheckpointWriteError)  # its own error, own traceback
     assert temporaries(folder) == []
-    assert not (folder / "ep0-ba1.pt").exists()
+    assert not (folder / "ep0-ba1-rank0.pt").exists()
 
 
 def test_starting_run_removes_only_its_own_stale_temporaries(
@@ -120,12 +120,12 @@ def test_starting_run_removes_only_its_own_stale_temporaries(
     trainer.fit()
     trainer.close()
     mine, theirs = run_tag(RUN), run_tag("other-run")
-    own = [f"ep0-ba2.pt{TMP_MARK}{mine}-0badc0de",  # a killed full save
+    own = [f"ep0-ba2-rank0.pt{TMP_MARK}{mine}-0badc0de",  # a killed full save
            f"ep0-ba3{TMP_MARK}{mine}-12345678",  # a killed sharded save (a directory)
            f"latest-{RUN}{TMP_MARK}{mine}-k2j4h5",  # a killed pointer update
            f"latest-{RUN}{TMP_MARK}a8b7c6"]
-    others = [f"ep0-ba2.pt{TMP_MARK}{theirs}-0badc0de",  # another run in the same folder
-              "ep0-ba9.pt.tmp-0123abcd",  # no run tag: cannot tell whose
+    others = [f"ep0-ba2-rank0.pt{TMP_MARK}{theirs}-0badc0de",  # another run in the same folder
+              "ep0-ba9-rank0.pt.tmp-0123abcd",  # no run tag: cannot tell whose
               f"latest-other-run{TMP_MARK}{theirs}-x1y2z3"]
     for name in own + others:
         if name.startswith("ep0-ba3"):
@@ -189,7 +189,7 @@ def test_remove_checkpoint_unlinks_a_symlink_and_keeps_its_target(tmp_path: Path
     link.symlink_to(target, target_is_directory=True)
     remove_checkpoint(link)
     assert not os.path.lexists(link) and (target / "__0_0.distcp").read_bytes() == b"shard"
-    full = tmp_path / "run" / "ep0-ba2.pt"
+    full = tmp_path / "run" / "ep0-ba2-rank0.pt"
     full.write_bytes(b"x")
     for path in (target, full, tmp_path / "run" / "missing"):
         remove_checkpoint(path)

@@ -43,7 +43,7 @@ def test_lr_1e30_stops_at_the_first_nonfinite_save(tmp_path: Path, fmt: str) -> 
     trainer.close()
     message = str(info.value)
     batch = int(trainer.state.timestamp.batch)
-    suffix = ".pt" if fmt == "full" else ""
+    suffix = "-rank0.pt" if fmt == "full" else ""
     aside = folder / f"ep0-ba{batch}{suffix}{NONFINITE_SUFFIX}"
     assert f"Not saving a checkpoint at batch {batch}" in message
     assert "The first non-finite loss was at batch" in message or "Every loss" in message
@@ -77,7 +77,7 @@ def test_opt_out_saves_nonfinite_states(tmp_path: Path) -> None:
     trainer = _trainer(folder, 1e30, save_allow_nonfinite=True)
     trainer.fit()
     trainer.close()
-    assert (folder / LATEST).read_text().strip() == "ep0-ba8.pt"
+    assert (folder / LATEST).read_text().strip() == "ep0-ba8-rank0.pt"
     assert nonfinite_state(trainer.state.model, None) is not None
     assert not list(folder.glob(f"*{NONFINITE_SUFFIX}"))
 

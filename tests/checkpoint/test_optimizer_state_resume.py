@@ -46,7 +46,7 @@ def _train(folder: Path, momentum: float, fmt: str, fsdp: bool, max_duration: st
 def check_resume(tmp_path: Path, momentum: float, fmt: str, fsdp: bool = False) -> None:
     straight, final = _train(tmp_path / "straight", momentum, fmt, fsdp, TOTAL)
     _train(tmp_path / "first", momentum, fmt, fsdp, f"{STOP}ba")
-    checkpoint = tmp_path / "first" / (f"ep0-ba{STOP}" + (".pt" if fmt == "full" else ""))
+    checkpoint = tmp_path / "first" / (f"ep0-ba{STOP}" + ("-rank0.pt" if fmt == "full" else ""))
     resumed, resumed_final = _train(tmp_path / "resumed", momentum, fmt, fsdp, TOTAL,
                                     load_path=str(checkpoint))
     assert sorted(resumed) == list(range(STOP + 1, 7))

@@ -33,7 +33,7 @@ def saved(folder: Path, fmt: str = "full") -> Path:
     trainer = make_trainer(folder, fmt)
     trainer.fit()
     trainer.close()
-    path = folder / ("ep0-ba1.pt" if fmt == "full" else "ep0-ba1")
+    path = folder / ("ep0-ba1-rank0.pt" if fmt == "full" else "ep0-ba1")
     assert is_complete(path)
     return path
 
@@ -53,7 +53,7 @@ def autoresume_error(folder: Path) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("target", ["/etc/hostname", "../elsewhere/ep0-ba1.pt", "link.pt"])
+@pytest.mark.parametrize("target", ["/etc/hostname", "../elsewhere/ep0-ba1-rank0.pt", "link.pt"])
 def test_pointer_outside_its_folder_is_refused(folders: tuple[Path, Path], target: str) -> None:
     folder, outside = folders
     if target == "link.pt":  # inside by name, outside by symlink

@@ -167,7 +167,7 @@ def test_sigterm_saves_at_the_batch_reached_and_resumes_exactly(
     took = time.monotonic() - sent
     assert code == 143, out[-3000:]
     print(f"SIGTERM to exit: {took:.2f}s (save_async={save_async})")
-    assert latest(folder) == "ep0-ba3.pt"  # the batch reached, not the interval's batch 2
+    assert latest(folder) == "ep0-ba3-rank0.pt"  # the batch reached, not the interval's batch 2
     assert not list(folder.glob("*.tmp-*"))
     assert "Preempted by SIGTERM" in out
 
@@ -196,7 +196,7 @@ def test_requeue_under_slurm_and_a_second_signal_during_the_save(tmp_path: Path)
     proc.send_signal(signal.SIGTERM)  # ignored: the save goes on
     code, out = finish(proc)
     assert code == 138, out[-3000:]
-    assert latest(folder) == "ep0-ba3.pt"
+    assert latest(folder) == "ep0-ba3-rank0.pt"
     assert "while stopping for SIGUSR1: ignored" in out
     assert calls.read_text().splitlines() == ["requeue 4242"]
 
@@ -212,8 +212,8 @@ def test_a_save_past_the_timeout_leaves_the_previous_checkpoint_newest(tmp_path:
     assert code == 143, out[-3000:]
     assert took < 10, took
     assert "preemption_timeout (1.5s) ran out before the checkpoint was saved" in out
-    assert latest(folder) == "ep0-ba2.pt"
-    assert not (folder / "ep0-ba3.pt").exists()
+    assert latest(folder) == "ep0-ba2-rank0.pt"
+    assert not (folder / "ep0-ba3-rank0.pt").exists()
     assert not list(folder.glob("*.tmp-*"))  # the unfinished save's temporary removed
 
 
@@ -228,7 +228,7 @@ def test_launch_two_ranks_signal_to_one_rank_only(tmp_path: Path) -> None:
     signal_at(markers, proc, signal.SIGUSR1, 3, rank=1, ranks=2)
     code, out = finish(proc, timeout=300)
     assert code == 138, out[-3000:]
-    assert latest(folder) == "ep0-ba3.pt"
+    assert latest(folder) == "ep0-ba3-rank0.pt"
     code, out = finish(start(config, ranks=2), timeout=300)
     assert code == 0, out[-3000:]
     assert [s for s, _ in steps(folder)] == list(range(1, TOTAL + 1))

@@ -40,7 +40,7 @@ def test_truncated_newest_is_moved_aside_and_two_relaunches_succeed(
         tmp_path: Path, fmt: str, caplog: pytest.LogCaptureFixture) -> None:
     folder = tmp_path / "run"
     _fit(folder, 3, fmt)
-    newest = folder / ("ep0-ba3.pt" if fmt == "full" else "ep0-ba3")
+    newest = folder / ("ep0-ba3-rank0.pt" if fmt == "full" else "ep0-ba3")
     assert (folder / LATEST).read_text().strip() == newest.name
     if fmt == "full":  # cut the pointer's checkpoint to 1,000 bytes
         newest.write_bytes(newest.read_bytes()[:1000])

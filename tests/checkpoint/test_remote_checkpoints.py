@@ -90,7 +90,7 @@ def test_save_rotate_and_autoresume_bit_exact(s3_folder: str, tmp_path: Path, fm
                                               save_async: bool) -> None:
     reference, expected = _train(str(tmp_path / "local"), "6ba", fmt)
     _, first = _train(s3_folder, "4ba", fmt, save_async, keep=2)
-    suffix = ".pt" if fmt == "full" else ""
+    suffix = "-rank0.pt" if fmt == "full" else ""
     names = [f"ep0-ba2{suffix}", f"ep0-ba4{suffix}"]
     assert s3_ls(s3_folder) == sorted([*names, *(n + COMPLETE_SUFFIX for n in names),
                                        "latest-remote"])  # no lock object left behind
@@ -153,7 +153,7 @@ def test_deleted_markers_never_destroy_good_checkpoints(s3_folder: str, tmp_path
     reference, expected = _train(str(tmp_path / "local"), "6ba", fmt)
     _train(s3_folder, "4ba", fmt)
     fs = _fs()
-    suffix = ".pt" if fmt == "full" else ""
+    suffix = "-rank0.pt" if fmt == "full" else ""
     names = [f"ep0-ba2{suffix}", f"ep0-ba4{suffix}"]
     for name in names:
         fs.rm(_key(f"{s3_folder}/{name}{COMPLETE_SUFFIX}"))
@@ -206,7 +206,7 @@ def test_sigkill_mid_upload_then_autoresume_bit_exact(s3_folder: str, tmp_path: 
     assert sorted(expected) == list(range(1, TOTAL + 1))
     assert loss_curve(metrics) == expected  # the bucket's log, bit-identical every step
     assert "cadence.lock" not in s3_ls(s3_folder)
-    state = load_full_state(Path(tmp_path / "reference" / f"ep1-ba{TOTAL}.pt"))
+    state = load_full_state(Path(tmp_path / "reference" / f"ep1-ba{TOTAL}-rank0.pt"))
     assert state["metadata"]["run_name"] == RUN
 
 

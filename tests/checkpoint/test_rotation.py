@@ -36,7 +36,7 @@ def train(folder: Path, fmt: str = "full", keep: int = 2, seed: int = 1, stop_at
 
 
 def names(fmt: str, *batches: int) -> set[str]:
-    return {f"ep0-ba{b}" + (".pt" if fmt == "full" else "") for b in batches}
+    return {f"ep0-ba{b}" + ("-rank0.pt" if fmt == "full" else "") for b in batches}
 
 
 @pytest.mark.parametrize("fmt", ["full", "sharded"])
@@ -44,7 +44,7 @@ def test_keeps_exactly_n_and_points_at_newest(tmp_path: Path, fmt: str) -> None:
     train(tmp_path, fmt, keep=2)
     links = {SYMLINK} if fmt == "full" else set()
     assert {p.name for p in tmp_path.iterdir()} == names(fmt, 5, 6) | {LATEST} | links
-    assert (tmp_path / LATEST).read_text().strip() == f"ep0-ba6{'.pt' if fmt == 'full' else ''}"
+    assert (tmp_path / LATEST).read_text().strip() == f"ep0-ba6{'-rank0.pt' if fmt == 'full' else ''}"
     assert all(is_complete(tmp_path / n) for n in names(fmt, 5, 6))
 
 
@@ -63,7 +63,7 @@ def test_rotation_continues_after_autoresume(tmp_path: Path) -> None:
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(path, weights_only=True)["model"]
+    return torch.load(path, weights_only=True)["state"]["model"]
 
 
 @pytest.mark.parametrize("fmt", ["full", "sharded"])
@@ -79,7 +79,7 @@ def test_trainer_refuses_a_folder_with_a_checkpoint(tmp_path: Path, fmt: str) ->
 
 def test_saver_refuses_to_clobber(tmp_path: Path) -> None:
     train(tmp_path, keep=-1)
-    path = tmp_path / "ep0-ba6.pt"
+    path = tmp_path / "ep0-ba6-rank0.pt"
     data = path.read_bytes()
     torch.manual_seed(5)  # another run, stopped at batch 6 mid-epoch: it would save ep0-ba6
     other = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(num_batches=12),
@@ -101,7 +101,7 @@ def test_overwrite_replaces(tmp_path: Path, fmt: str) -> None:
     links = {SYMLINK} if fmt == "full" else set()
     assert {p.name for p in tmp_path.iterdir()} == names(fmt, *range(1, 7)) | {LATEST} | links
     assert not list(tmp_path.glob("*.tmp-*"))
-    final = tmp_path / ("ep0-ba6.pt" if fmt == "full" else "ep0-ba6")
+    final = tmp_path / ("ep0-ba6-rank0.pt" if fmt == "full" else "ep0-ba6")
     from cadence.checkpoint.export import load_full_state
 
     saved = load_full_state(final)["model"]

@@ -49,7 +49,7 @@ def _two_layer_checkpoint(folder: Path, fmt: str) -> Path:
                        save_state_dict_type=fmt)
     trainer.fit()
     trainer.close()
-    return folder / ("ep0-ba2.pt" if fmt == "full" else "ep0-ba2")
+    return folder / ("ep0-ba2-rank0.pt" if fmt == "full" else "ep0-ba2")
 
 
 @pytest.mark.parametrize("fmt", ["full", "sharded"])

@@ -77,7 +77,7 @@ def test_poisoned_and_foreign_files_never_suggest_unsafe_loading(tmp_path: Path)
     assert "extra.pt holds objects a checkpoint must not hold" in message
 
 
-@pytest.mark.parametrize("content,what", [("ep9-ba99.pt", "does not exist"),
+@pytest.mark.parametrize("content,what", [("ep9-ba99-rank0.pt", "does not exist"),
                                           ("hello world", "does not exist"),
                                           (".", "is its own folder")])
 def test_pointer_naming_nothing_usable_is_warned_about(tmp_path: Path, content: str, what: str,
@@ -89,7 +89,7 @@ def test_pointer_naming_nothing_usable_is_warned_about(tmp_path: Path, content: 
         assert read_latest(folder, LATEST) is None
         resumed = _trainer(folder, autoresume=True)  # the newest complete one instead
     resumed.close()
-    assert resumed.hyperparameters["loaded_checkpoint"] == str(folder / "ep0-ba2.pt")
+    assert resumed.hyperparameters["loaded_checkpoint"] == str(folder / "ep0-ba2-rank0.pt")
     assert f"The latest pointer {folder / LATEST} holds {content!r}, which {what}" in caplog.text
 
 
@@ -116,9 +116,9 @@ def test_killed_save_symlink_temporary_is_removed_at_start(tmp_path: Path) -> No
     folder = tmp_path / "run"
     _fit(folder)
     leftover = folder / "latest-rank0.pt.tmp-0badc0de"
-    os.symlink("ep0-ba1.pt", leftover)  # a save killed between symlink() and replace()
+    os.symlink("ep0-ba1-rank0.pt", leftover)  # a save killed between symlink() and replace()
     _trainer(folder, autoresume=True).close()
-    assert not leftover.is_symlink() and (folder / "ep0-ba1.pt").is_file()
+    assert not leftover.is_symlink() and (folder / "ep0-ba1-rank0.pt").is_file()
 
 
 def test_run_folder_as_load_path_is_refused_at_the_value_stage(tmp_path: Path) -> None:
@@ -130,4 +130,4 @@ def test_run_folder_as_load_path_is_refused_at_the_value_stage(tmp_path: Path) -
     with pytest.raises(ConfigError) as info:
         load_config(str(config), [f"load_path={folder}"])
     assert "is a folder of checkpoints (a run's save folder), not a checkpoint" in str(info.value)
-    assert str(folder / "ep0-ba2.pt") in str(info.value)
+    assert str(folder / "ep0-ba2-rank0.pt") in str(info.value)

@@ -62,7 +62,7 @@ CASES = [
     ("algorithms.gradient_clipping.clipping_type=banana", "algorithms.gradient_clipping: "
      "algorithm 'gradient_clipping' rejects its arguments {'clipping_type': 'banana', "
      "'clipping_threshold': 1.0}: clipping_type 'banana' is not one of: norm, value"),
-    ("load_path=/nonexistent/ep1-ba4.pt", "load_path: '/nonexistent/ep1-ba4.pt' does not "
+    ("load_path=/nonexistent/ep1-ba4-rank0.pt", "load_path: '/nonexistent/ep1-ba4-rank0.pt' does not "
                                           "exist; give the path of a checkpoint"),
     ("dist_timeout=0", "dist_timeout: 0.0 is out of range; use a number > 0"),
 ]

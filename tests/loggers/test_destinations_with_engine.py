@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cadence.callbacks import LRMonitor, SpeedMonitor
-from cadence.core import Engine, Event, Evaluator, State, Time
+from cadence.core import Engine, Event, Evaluator, State, Time, Timestamp
 from cadence.loggers import (
     ConsoleLogger,
     FileLogger,
@@ -29,7 +29,7 @@ def test_loop_through_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     memory = InMemoryLogger()
     file_logger = FileLogger(folder=str(tmp_path / "{run_name}"))
     bar = ProgressBarLogger(stream=io.StringIO())
-    destinations = [ConsoleLogger(log_interval=2), file_logger, bar, memory]
+    destinations = [ConsoleLogger(log_interval="2ba", stream="stdout"), file_logger, bar, memory]
     logger = Logger(state, destinations)
     engine = Engine(state, logger, destinations=destinations)
 
@@ -47,12 +47,18 @@ def test_loop_through_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         state.timestamp = state.timestamp.to_next_epoch()
         engine.run_event(Event.EPOCH_END)
         engine.run_event(Event.EVAL_BEFORE_ALL)
+        spec = state.evaluators[0].dataloader  # a DataSpec, as in Composer
+        state.set_dataloader(getattr(spec, "dataloader", spec), "eval")  # as the trainer does
+        state.eval_timestamp = Timestamp()
         engine.run_event(Event.EVAL_START)
         for _ in range(2):
             engine.run_event(Event.EVAL_BATCH_START)
+            state.eval_timestamp = state.eval_timestamp.to_next_batch(samples=1)
             engine.run_event(Event.EVAL_BATCH_END)
         logger.log_metrics({"metrics/eval/LanguagePerplexity": torch.tensor(3.0)})
         engine.run_event(Event.EVAL_END)
+        state.set_dataloader(None)
+        state.dataloader_len = 3
         engine.run_event(Event.EVAL_AFTER_ALL)
         engine.run_event(Event.EPOCH_CHECKPOINT)
     engine.run_event(Event.FIT_END)
@@ -72,7 +78,13 @@ def test_loop_through_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     out = capsys.readouterr().out
     assert "\r" not in out
     lines = out.splitlines()
-    assert lines[0].startswith("[epoch 1/2][batch 1/6] loss/train/total: 1.0000")
-    assert lines[1].startswith("[epoch 1/2][batch 2/6] loss/train/total: 1.0000")
-    assert sum(line.startswith("[eval][batch ") for line in lines) == 2
+    # Composer's records: the first batch, every 2nd, each metric on its own line
+    assert lines[lines.index("Config:") + 1] == "lr: 0.003"
+    assert lines[lines.index("[epoch=1][batch=1/3]:") + 1] == "\t Train loss/train/total: 1.0000"
+    assert [line for line in lines if line.startswith("[epoch=")] == [
+        "[epoch=1][batch=1/3]:", "[epoch=1][batch=2/3]:", "[epoch=2][batch=1/3]:",
+        "[epoch=2][batch=3/3]:"]
+    assert lines.count("[Eval batch=1/2] Eval on eval data") == 2
+    assert lines.count("[Eval batch=2/2] Eval on eval data:") == 2
+    assert lines.count("\t Eval metrics/eval/LanguagePerplexity: 3.0000") == 2
     assert "epoch 2/2" in bar.stream.getvalue()  # type: ignore[attr-defined]

@@ -235,3 +235,22 @@ def test_flush_uploads_through_the_logger(tmp_path: Path) -> None:
     assert store.uploads[-1][1].count("\n") == 4  # the whole file, flushed, at batch 4
     file_logger.close()
     assert len(store.uploads) == 3  # and at close
+
+
+def test_close_with_composers_signature_uploads_the_final_file(tmp_path: Path) -> None:
+    from cadence.loggers import RemoteUploaderDownloader
+
+    state = make_state()
+    store = tmp_path / "store"
+    uploader = RemoteUploaderDownloader(f"file://{store}")
+    file_logger = FileLogger(folder=str(tmp_path / "logs"))
+    logger = Logger(state, [file_logger, uploader])
+    file_logger.init(state, logger)
+    state.timestamp = state.timestamp.to_next_batch(samples=8, tokens=512)
+    logger.log_metrics({"loss/train/total": 2.5})
+    file_logger.close(state, logger)  # Composer's close(state, logger): flush, upload, close
+    file_logger.close(state, logger)  # twice is safe
+    uploader.post_close()
+    remote = [p for p in store.rglob("*.jsonl")]
+    assert len(remote) == 1
+    assert read_lines(remote[0]) == [{"step": 1, "loss/train/total": 2.5}]

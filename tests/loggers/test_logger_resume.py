@@ -68,9 +68,9 @@ def tensorboard_scalars(folder: Path, tag: str = LOSS) -> list[tuple[int, float]
 
 
 def mlflow_runs(folder: Path) -> list[Any]:
-    from mlflow import MlflowClient
+    from tests.loggers.test_mlflow_logger import client as mlflow_client
 
-    client = MlflowClient(f"sqlite:///{folder.parent / 'mlflow.db'}")
+    client = mlflow_client(f"sqlite:///{folder.parent / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("resume")
     return [(client, run) for run in client.search_runs([experiment.experiment_id])]
 

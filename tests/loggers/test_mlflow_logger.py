@@ -139,3 +139,60 @@ def test_rejects_bad_flush_interval() -> None:
 
 def test_nameable_from_yaml() -> None:
     assert registry.loggers.get("mlflow") is MLFlowLogger
+
+
+class LogValues(Callback):
+    """Logs ``extra/const`` (always 1.0) and ``extra/step`` (the step) every batch."""
+
+    def batch_end(self, state: State, logger: Any) -> None:
+        step = int(state.timestamp.batch)
+        logger.log_metrics({"extra/const": 1.0, "extra/step": float(step), "skip/me": 2.0})
+
+
+def test_composer_filters_renames_duplicates_group_and_sync(tmp_path: Path, store: str) -> None:
+    mlflow_logger = MLFlowLogger(
+        experiment_name="composer-args", tracking_uri=store, flush_interval=0, synchronous=True,
+        log_system_metrics=False, rename_metrics={"extra/step": "renamed/step"},
+        ignore_metrics=["skip/*"], ignore_hyperparameters=["optimizer.*"], run_group="sweep-1",
+        log_duplicated_metric_every_n_steps=3)
+    fit(tmp_path, mlflow_logger, "composer-args", callbacks=(LogValues(),))
+    mlflow = client(store)
+    run = mlflow.get_run(mlflow_logger.run_id)
+    assert run.data.tags["run_group"] == "sweep-1"
+    assert "optimizer.lr" not in run.data.params and run.data.params["rank_zero_seed"] == "0"
+    assert "skip/me" not in run.data.metrics and "extra/step" not in run.data.metrics
+    assert [m.step for m in mlflow.get_metric_history(run.info.run_id, "renamed/step")] == \
+        [1, 2, 3, 4, 5, 6]
+    # the same value is sent again only once 3 steps passed since it was last sent
+    assert sorted(m.step for m in mlflow.get_metric_history(run.info.run_id, "extra/const")) == \
+        [1, 4]
+
+
+def test_resume_continues_the_newest_run_of_the_same_name(tmp_path: Path, store: str) -> None:
+    first = MLFlowLogger(experiment_name="resume", tracking_uri=store, log_system_metrics=False)
+    fit(tmp_path, first, "same-name")
+    again = MLFlowLogger(experiment_name="resume", tracking_uri=store, log_system_metrics=False,
+                         resume=True)
+    fit(tmp_path / "2", again, "same-name")
+    fresh = MLFlowLogger(experiment_name="resume", tracking_uri=store, log_system_metrics=False)
+    fit(tmp_path / "3", fresh, "same-name")
+    assert again.run_id == first.run_id != fresh.run_id
+    assert client(store).get_run(first.run_id).info.status == "FINISHED"
+
+
+def test_async_logging_is_drained_at_close_and_system_metrics_run(tmp_path: Path,
+                                                                   store: str) -> None:
+    mlflow_logger = MLFlowLogger(experiment_name="async", tracking_uri=store, flush_interval=0,
+                                 synchronous=False)
+    fit(tmp_path, mlflow_logger, "async")  # log_system_metrics=True by default
+    history = client(store).get_metric_history(mlflow_logger.run_id, "loss/train/total")
+    assert [m.step for m in sorted(history, key=lambda m: m.step)] == [1, 2, 4, 6]
+    monitor = mlflow_logger._system_monitor
+    assert monitor is not None and monitor._process is None  # started, and stopped at close
+
+
+def test_rejects_a_unity_catalog_prefix_without_a_schema() -> None:
+    with pytest.raises(ValueError, match="catalog"):
+        MLFlowLogger(model_registry_uri="databricks-uc", model_registry_prefix="main")
+    with pytest.raises(ValueError, match="log_duplicated_metric_every_n_steps"):
+        MLFlowLogger(log_duplicated_metric_every_n_steps=-1)

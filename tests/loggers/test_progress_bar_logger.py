@@ -68,16 +68,34 @@ def test_more_batches_than_announced_does_not_warn() -> None:
     assert "4/4" in stream.getvalue()
 
 
-def test_batch_duration_limits_the_bar() -> None:
+def test_batch_duration_one_bar_for_the_whole_run() -> None:
+    """As Composer: max_duration not in epochs gives one bar over the run, in its unit."""
     stream = io.StringIO()
     state = make_state("5ba", dataloader_len=3)
     bar = ProgressBarLogger(stream=stream)
     logger = Logger(state, [bar])
     run_epoch(state, bar, logger, 3)
+    assert bar._train_bar is not None and bar._train_bar.n == 3  # stays open across epochs
     run_epoch(state, bar, logger, 2)
+    bar.fit_end(state, logger)
     bar.close()
     out = stream.getvalue()
-    assert "epoch 2/2" in out and "2/2" in out
+    assert "train" in out and "5/5" in out and "epoch" not in out
+
+
+def test_hparams_printed_once_and_stream_names(capsys: pytest.CaptureFixture[str]) -> None:
+    state = make_state()
+    bar = ProgressBarLogger(stream="stdout")
+    logger = Logger(state, [bar])
+    logger.log_hyperparameters({"lr": 0.5, "model": "gpt"})
+    bar.fit_start(state, logger)
+    bar.eval_start(state, logger)
+    bar.eval_end(state, logger)
+    bar.close()
+    out = capsys.readouterr().out
+    assert out.count("Config:") == 1 and "lr: 0.5" in out and "model: gpt" in out
+    with pytest.raises(ValueError, match="'stdin'"):
+        ProgressBarLogger(stream="stdin")
 
 
 def test_silent_off_rank_zero(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,10 +124,10 @@ class _Stdout(io.StringIO):
 
 def test_default_progress_destination(monkeypatch: pytest.MonkeyPatch) -> None:
     assert default_progress_destination(False) is None
-    monkeypatch.setattr(sys, "stdout", _Stdout(tty=True))
-    assert isinstance(default_progress_destination(True), ProgressBarLogger)
+    monkeypatch.setattr(sys, "stderr", _Stdout(tty=True))
+    assert isinstance(default_progress_destination(True), ProgressBarLogger)  # stderr default
     monkeypatch.setattr(sys, "stdout", _Stdout(tty=False))
-    console = default_progress_destination(True, console_log_interval="5ba")
+    console = default_progress_destination(True, console_log_interval="5ba", stream="stdout")
     assert isinstance(console, ConsoleLogger)
     assert console.log_interval == Time(5, "ba")
     assert ProgressBarLogger.is_progress and ConsoleLogger.is_progress

@@ -136,6 +136,48 @@ def test_offline_run_holds_metrics_and_hyperparameters(tmp_path: Path) -> None:
     assert steps == [1, 2, 4, 6]
 
 
+def _artifacts(run_dir: Path) -> list[Any]:
+    """The artifact records of a finished offline run (read after its ``exit``)."""
+    read_offline_run(run_dir)  # waits for the exit record
+    (log_file,) = run_dir.glob("run-*.wandb")
+    return [r.artifact for r in map(_parse, _records(log_file))
+            if r.WhichOneof("record_type") == "artifact"]
+
+
+def test_log_artifacts_stores_every_checkpoint(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import base64
+    import hashlib
+
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))  # W&B's staging copies
+    wandb_logger = WandBLogger(project="cadence-tests", dir=str(tmp_path / "wb"),
+                               log_artifacts=True)
+    assert wandb_logger.can_upload_files() and not WandBLogger().can_upload_files()
+    trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(num_batches=2),
+                      max_duration="2ep", seed=0, progress_bar=False, run_name="wb-art",
+                      save_folder=str(tmp_path / "save"), save_interval="1ep",
+                      loggers=[wandb_logger])
+    trainer.fit()
+    trainer.close()
+    checkpoints = {p.name: p.read_bytes() for p in (tmp_path / "save").rglob("*.pt")
+                   if not p.is_symlink()}  # not the latest-rank0.pt link
+    assert len(checkpoints) == 2
+    (run_dir,) = offline_runs(tmp_path / "wb")
+    models = [a for a in _artifacts(run_dir) if a.type == "model"]
+    assert len(models) == 2
+    by_batch = {json.loads(a.metadata)["timestamp/batch"]: a for a in models}
+    assert sorted(by_batch) == [2, 4]
+    for batch, artifact in by_batch.items():
+        assert sorted(artifact.aliases) == sorted(["latest", f"ep{batch // 2}-ba{batch}"])
+        (entry,) = artifact.manifest.contents
+        data = checkpoints[Path(entry.path).name]  # the file, byte for byte (MD5)
+        assert entry.size == len(data)
+        assert entry.digest == base64.b64encode(hashlib.md5(data).digest()).decode()
+        # named after the remote file name, '/' replaced (W&B allows [A-Za-z0-9._-])
+        assert artifact.name.endswith(f"{entry.path}") and "/" not in artifact.name
+        assert artifact.name.startswith("wb-art.")
+
+
 def test_default_dir_is_the_save_folder(tmp_path: Path) -> None:
     wandb_logger = WandBLogger()
     trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(num_batches=1),

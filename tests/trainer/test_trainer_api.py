@@ -226,7 +226,7 @@ def test_create_interval_scheduler_as_save_interval(tmp_path: Path) -> None:
     saver = next(c for c in trainer.state.callbacks if isinstance(c, CheckpointSaver))
     assert saver.save_interval is interval
     assert [Path(p).name for p in saver.saved_checkpoints] == [
-        "ep0-ba2.pt", "ep1-ba4.pt", "ep1-ba5.pt"]
+        "ep0-ba2-rank0.pt", "ep1-ba4-rank0.pt", "ep1-ba5-rank0.pt"]
     never = create_interval_scheduler(0, include_end_of_training=False)
     assert never(trainer.state, Event.EPOCH_CHECKPOINT) is False
     with pytest.raises(ValueError):

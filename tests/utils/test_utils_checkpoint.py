@@ -130,10 +130,17 @@ def test_filename_fields_and_unknown_field(tmp_path: Path) -> None:
         save_checkpoint(source.state, str(tmp_path / "x{step}"))
 
 
-def test_save_ignore_keys_and_url_are_refused_with_the_alternative(tmp_path: Path) -> None:
+def test_save_ignore_keys_leave_parts_out_and_a_url_is_refused(tmp_path: Path) -> None:
     state = make_trainer().state
-    with pytest.raises(NotImplementedError, match="load_checkpoint\\(ignore_keys"):
-        save_checkpoint(state, str(tmp_path / "c"), ignore_keys=["state/optimizers"])
+    path = save_checkpoint(state, str(tmp_path / "c.pt"),
+                           ignore_keys=["state/optimizers", "state/model/net.2.*"])
+    saved = torch.load(path, weights_only=True)["state"]
+    assert "optimizers" not in saved and "schedulers" in saved
+    assert "net.0.weight" in saved["model"]
+    assert not any(k.startswith("net.2.") for k in saved["model"])
+    path = save_checkpoint(state, str(tmp_path / "d.pt"),
+                           ignore_keys=lambda sd: sd["state"].pop("callbacks"))
+    assert "callbacks" not in torch.load(path, weights_only=True)["state"]
     with pytest.raises(ValueError, match="save_folder"):
         save_checkpoint(state, "s3://bucket/ckpt/ep{epoch}")
 
@@ -238,3 +245,24 @@ def test_two_ranks_full_and_sharded(tmp_path: Path) -> None:
         rng = load_checkpoint(path, fresh.state, fresh.logger)
         assert_bit_equal(weights(fresh), weights(source))
         assert rng is not None and len(rng) == 2
+
+
+def test_get_save_filename_and_download_checkpoint(tmp_path: Path) -> None:
+    from cadence.utils.checkpoint import download_checkpoint, get_save_filename
+
+    source = trained()
+    assert get_save_filename(source.state) == "ep1-ba2-rank0"
+    assert get_save_filename(source.state, "{run_name}/b{batch}.pt") == f"{RUN}/b2.pt"
+    path = save_checkpoint(source.state, str(tmp_path / "bucket" / "ckpts" / "c.pt"))
+    # a local path is copied; a name in an object store is downloaded (the store's API)
+    local, folder, extracted = download_checkpoint(path, str(tmp_path / "node"), None, False)
+    assert (folder, extracted) == (None, False)
+    assert Path(local).read_bytes() == Path(path).read_bytes()
+    store = FolderStore(tmp_path / "bucket")
+    got, _, _ = download_checkpoint("ckpts/c.pt", str(tmp_path / "node2"), store, True)
+    assert store.downloads == ["ckpts/c.pt"] and Path(got).read_bytes() == Path(path).read_bytes()
+    fresh = make_trainer(seed=7)
+    load_checkpoint(got, fresh.state, fresh.logger)
+    assert_bit_equal(weights(fresh), weights(source))
+    with pytest.raises(TypeError, match="load_object_store"):
+        download_checkpoint("c.pt", str(tmp_path / "n3"), object(), False)

@@ -2,12 +2,14 @@
 
 Source: MosaicML Composer's ``ComposerClassifier`` (``composer/models/tasks/classification.py``):
 same arguments, defaults, metric names and batch format.
+
+No ``from __future__ import annotations``: TorchScript reads class-level annotations
+(``num_classes: Optional[int]``) as types and cannot resolve them as strings, and
+``torch.jit.script(classifier)`` must work (:func:`cadence.utils.export_for_inference`).
 """
 
-from __future__ import annotations
-
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 from torch import nn
@@ -45,6 +47,8 @@ class ComposerClassifier(ComposerModel):
     """
 
     num_classes: Optional[int] = None
+    #: not part of inference: ``torch.jit.script`` leaves the metrics out
+    __jit_ignored_attributes__ = ["train_metrics", "val_metrics"]
 
     def __init__(
         self,
@@ -87,9 +91,10 @@ class ComposerClassifier(ComposerModel):
         self.train_metrics = train_metrics
         self.val_metrics = val_metrics
 
-    def forward(self, batch: Any) -> torch.Tensor:
-        """Logits ``[N, num_classes]`` for ``batch = (inputs, targets)``."""
-        inputs, _ = batch
+    def forward(self, batch: Tuple[torch.Tensor, Any]) -> torch.Tensor:
+        """Logits ``[N, num_classes]`` for ``batch = (inputs, targets)`` (a list works too;
+        a scripted classifier takes a tuple; the targets are not read)."""
+        inputs = batch[0]
         return self.module(inputs)
 
     def loss(self, outputs: torch.Tensor, batch: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
