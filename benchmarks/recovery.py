@@ -8,8 +8,8 @@ A real training run, started as a user starts one: ``cadence train RUN.yaml`` (1
 the batches trained), so every checkpoint is a preemption's. The run file is
 ``yamls/quickstart.yaml`` (2.6 M parameters) with its evaluation removed, or the same run with
 the ~100 M-parameter GPT-2 of ``benchmarks/checkpoint.py`` (12 layers x 768 wide, vocabulary
-8,192, 256 positions: 92 M parameters; 2 sequences of 64 tokens a batch, so a step stays a
-few seconds on a CPU); ``save_state_dict_type`` is ``full`` or ``sharded``.
+8,192, 256 positions: 92 M parameters; 2 sequences of 64 tokens a batch, to keep its steps
+short on a CPU); ``save_state_dict_type`` is ``full`` or ``sharded``.
 
 One cycle, repeated ``--repeats`` times on the same save folder:
 
@@ -26,9 +26,13 @@ One cycle, repeated ``--repeats`` times on the same save folder:
    either failing stops the benchmark.
 
 The first start (a fresh run, nothing to resume) is not timed; it is signalled like the
-others. With ``--repeats N``: N relaunches and N + 1 signals, medians over each.
+others. With ``--repeats N``: N relaunches and N + 1 signals, medians over each. Each total
+is also split by the run's own log lines (``cadence train`` stamps them to the millisecond):
+signal -> save starts (the batch in flight), the save (``saved in``, to 0.1 s), save done ->
+exit (closing, Python's shutdown, torchrun's agent); relaunch -> ``Resumed from
+checkpoint`` (start-up and load), then the first new batch.
 
-    python benchmarks/recovery.py --markdown           # about 10 minutes on 2 loaded cores
+    python benchmarks/recovery.py --markdown           # 15-30 minutes on 2 loaded cores
     python benchmarks/recovery.py --quick              # quickstart, 1 rank: a smoke test
     python benchmarks/recovery.py --models quickstart --ranks 2 --formats sharded --repeats 5
 """
@@ -44,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -348,12 +353,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "python benchmarks/recovery.py " + " ".join(sys.argv[1:] if argv is None else argv)
     before, started = loadavg(), time.perf_counter()
     results = []
-    for model in args.models:
-        for ranks in args.ranks:
-            for fmt in args.formats:
-                results.append(measure(model, fmt, ranks, args))
-                if not args.quiet:  # the row so far, in case a later configuration fails
-                    print("  " + " | ".join(row(results[-1])), file=sys.stderr, flush=True)
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:  # SIGTERM'd: SystemExit, so the run in progress is ended too (measure)
+        previous = signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
+    try:
+        for model in args.models:
+            for ranks in args.ranks:
+                for fmt in args.formats:
+                    results.append(measure(model, fmt, ranks, args))
+                    if not args.quiet:  # the row so far, in case a later configuration fails
+                        print("  " + " | ".join(row(results[-1])), file=sys.stderr, flush=True)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     print(f"{command.strip()}\n")
     print(f"- CPU: {os.cpu_count()} cores; torch threads: its default with 1 rank, 1 per rank "
           "with 2 (torchrun's OMP_NUM_THREADS=1)")

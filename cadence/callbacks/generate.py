@@ -29,9 +29,10 @@ class Generate(Callback):
     The model must have a ``generate(input_ids, attention_mask=..., **kwargs)`` method and a
     ``tokenizer`` (a :class:`~cadence.models.HuggingFaceModel` has both). The prompts are
     tokenized together, left-padded, and generated in batches of ``batch_size``, in eval mode
-    and under the run's precision; the model's mode and the tokenizer's padding side are
-    restored afterwards. Every rank runs the generation (with ``synced_gpus`` on several
-    ranks, so a sharded model's collectives line up); rank zero logs the table
+    and under the run's precision (a tokenizer without a pad token pads with its eos token);
+    the model's mode and the tokenizer's padding side and pad token are restored afterwards.
+    Every rank runs the generation (with ``synced_gpus`` on several ranks, so a sharded
+    model's collectives line up); rank zero logs the table
     ``generations`` with columns ``prompt`` and ``generation`` (the new text only).
 
     Args:
@@ -87,9 +88,10 @@ class Generate(Callback):
             raise ValueError(f"Generate needs the model's tokenizer; {type(model).__name__} "
                              f"has tokenizer=None. Pass tokenizer= to the model.")
         was_training, padding_side = model.training, tokenizer.padding_side
+        pad_token = tokenizer.pad_token
         tokenizer.padding_side = "left"  # generation continues from the right end
         if tokenizer.pad_token_id is None:
-            tokenizer.pad_token_id = tokenizer.eos_token_id
+            tokenizer.pad_token = tokenizer.eos_token
         model.eval()
         try:
             encoded = tokenizer(self.prompts, return_tensors="pt", padding=True)
@@ -103,7 +105,7 @@ class Generate(Callback):
                         attention_mask=mask[start:stop].to(state.device),
                         synced_gpus=dist.get_world_size() > 1, **self.generate_kwargs))
         finally:
-            tokenizer.padding_side = padding_side
+            tokenizer.padding_side, tokenizer.pad_token = padding_side, pad_token
             model.train(was_training)
         if dist.get_global_rank() == 0:
             prompt_len = ids.shape[1]

@@ -157,6 +157,7 @@ def not_a_checkpoint_folder(folder: Path) -> Optional[str]:
     if (folder / METADATA_FILE).is_file() or (folder / EXTRA_FILE).is_file():
         return None
     inside = sorted((p for p in folder.iterdir() if TMP_MARK not in p.name and not is_aside(p)
+                     and not p.is_symlink()  # Composer's latest-rank0.pt names a real one
                      and (p.suffix == ".pt" or (p / METADATA_FILE).is_file())),
                     key=lambda p: p.stat().st_mtime_ns)
     if inside:

@@ -41,6 +41,7 @@ def test_logs_greedy_generations_at_the_interval_and_restores_the_model() -> Non
     # at batch 2 and at the end of training (batch 3)
     assert callback.last_generate_batch == 3
     assert model.training and model.tokenizer.padding_side == "right"
+    assert model.tokenizer.pad_token is None  # GPT-2's tokenizer has none; left as it was
     # what was logged last is the greedy continuation of the final weights, by hand
     tokenizer = load_tokenizer(BPE_DIR)
     tokenizer.pad_token_id = tokenizer.eos_token_id

@@ -51,7 +51,7 @@ def s3_bucket() -> Iterator[str]:
         _clear_s3fs_caches()
         import s3fs
 
-        s3fs.S3FileSystem().mkdir(BUCKET)
+        s3fs.S3FileSystem().makedirs(BUCKET, exist_ok=True)  # moto keeps one backend per process
         try:
             yield f"s3://{BUCKET}"
         finally:
