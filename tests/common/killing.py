@@ -92,6 +92,11 @@ class KillAt(Callback):
 
         batch = int(state.timestamp.batch)
         if batch in self.during_save and self._first_time("during_save", batch):
+            # an earlier background save (save_async) must reach disk first: the saver waits
+            # for it before this batch's save anyway, and armed now its rename would be killed
+            for callback in state.callbacks:
+                if isinstance(callback, saver_module.CheckpointSaver):
+                    callback.wait()
             checkpoint_module.os = _KillOnReplace()  # type: ignore[assignment]
         if batch in self.before_pointer and self._first_time("before_pointer", batch):
             def write_latest(*args: Any, **kwargs: Any) -> None:
