@@ -220,7 +220,10 @@ class RankWatcher(threading.Thread):
 
     def _poll(self) -> None:
         stopped = []
-        for pid, rank in self._ranks.items():
+        # Ranks that ended by SIGTERM are looked at last: when a rank is killed, torchrun
+        # SIGTERMs the others at once, and both may be seen in one poll; the first failure
+        # is the kill, not torchrun's stop.
+        for pid, rank in sorted(self._ranks.items(), key=lambda item: _ended_by_sigterm(item[0])):
             if pid in self._done:
                 continue
             state = _proc_state(pid)
@@ -264,6 +267,17 @@ class RankWatcher(threading.Thread):
         elif info.si_status != 0:
             self._failed = True
         return True
+
+
+def _ended_by_sigterm(pid: int) -> bool:
+    """Whether child ``pid`` has ended, killed by ``SIGTERM`` (peeked: the status stays for
+    torchrun to reap)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return info is not None and info.si_code == os.CLD_KILLED \
+        and info.si_status == signal.SIGTERM
 
 
 def _environ_rank(pid: int) -> Optional[str]:
