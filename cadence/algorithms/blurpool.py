@@ -18,9 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.common_types import _size_2_t
 
+from cadence.algorithms.surgery import InitSurgery
 from cadence.algorithms.warnings import NoEffectWarning
 from cadence.config.registry import algorithms
-from cadence.core import Algorithm, Event, State
+from cadence.core import Event, State
 from cadence.utils import module_surgery
 
 __all__ = ["BlurConv2d", "BlurMaxPool2d", "BlurPool", "BlurPool2d", "apply_blurpool",
@@ -276,7 +277,7 @@ def apply_blurpool(model: nn.Module, replace_convs: bool = True, replace_maxpool
 
 
 @algorithms.register("blurpool")
-class BlurPool(Algorithm):
+class BlurPool(InitSurgery):
     """Anti-aliased downsampling (Zhang 2019): blurs strided convolutions and max-pools at
     ``Event.INIT`` (see :func:`apply_blurpool`). Shapes are unchanged:
     ``[N, C, H, W]`` images in, the same logits out.
@@ -299,8 +300,6 @@ class BlurPool(Algorithm):
           blurpool: {min_channels: 16}
     """
 
-    events = frozenset({Event.INIT})
-
     def __init__(self, replace_convs: bool = True, replace_maxpools: bool = True,
                  blur_first: bool = True, min_channels: int = 16) -> None:
         if not replace_convs and not replace_maxpools:
@@ -317,14 +316,6 @@ class BlurPool(Algorithm):
         return (f"BlurPool(replace_convs={self.replace_convs}, replace_maxpools="
                 f"{self.replace_maxpools}, blur_first={self.blur_first}, "
                 f"min_channels={self.min_channels})")
-
-    @staticmethod
-    def required_on_load() -> bool:
-        """The checkpoint's model has this surgery: a resumed run must apply it too."""
-        return True
-
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
         apply_blurpool(state.model, replace_convs=self.replace_convs,

@@ -21,15 +21,13 @@ import numpy as np
 import torch
 
 from cadence.algorithms.mixup import (
+    PermutationMix,
     _check_alpha,
     _check_indices,
     _require_tensors,
-    _shallow_copy,
-    interpolate_loss_,
 )
 from cadence.config.registry import algorithms
-from cadence.core import Algorithm, Event, State
-from cadence.loss.utils import ensure_targets_one_hot
+from cadence.core import Event, State
 from cadence.utils.batch_helpers import batch_get, batch_set
 
 __all__ = ["CutMix", "cutmix_batch"]
@@ -126,7 +124,7 @@ def _area_kept(height: int, width: int, bbox: BBox) -> float:
 
 
 @algorithms.register("cutmix")
-class CutMix(Algorithm):
+class CutMix(PermutationMix):
     """CutMix (Yun et al. 2019): each microbatch's images get a box from their partners.
 
     At ``BEFORE_FORWARD`` a permutation and a box (area ``1 - lambda``,
@@ -162,8 +160,6 @@ class CutMix(Algorithm):
           cutmix: {alpha: 1.0}
     """
 
-    events = frozenset({Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS})
-
     def __init__(
         self,
         alpha: float = 1.0,
@@ -172,15 +168,12 @@ class CutMix(Algorithm):
         input_key: Union[str, int, tuple[Callable, Callable], Any] = 0,
         target_key: Union[str, int, tuple[Callable, Callable], Any] = 1,
     ) -> None:
-        self.alpha = _check_alpha(alpha, "CutMix")
-        self.interpolate_loss = bool(interpolate_loss)
+        super().__init__(alpha, interpolate_loss, input_key, target_key)
         self._uniform_sampling = bool(uniform_sampling)
-        self.input_key, self.target_key = input_key, target_key
         self._indices = torch.Tensor()
         self._bbox: BBox = (0, 0, 0, 0)
         self._permuted_target = torch.Tensor()
         self._adjusted_lambda = 1.0
-        self._original_target: Optional[torch.Tensor] = None
 
     def match(self, event: Event, state: State) -> bool:
         return event in self.events
@@ -208,17 +201,7 @@ class CutMix(Algorithm):
                 pasted[..., r1:r2, c1:c2] = self._permuted_target[..., r1:r2, c1:c2]
                 state.batch = batch_set(state.batch, self.target_key, pasted)
             elif not self.interpolate_loss:
-                _require_tensors("CutMix", outputs=state.outputs)
-                self._original_target = target
-                area = self._adjusted_lambda
-                mixed_target = (area * ensure_targets_one_hot(state.outputs, target)
-                                + (1 - area)
-                                * ensure_targets_one_hot(state.outputs, self._permuted_target))
-                state.batch = batch_set(state.batch, self.target_key, mixed_target)
+                self._mix_targets(state, target, self._adjusted_lambda, self._permuted_target)
             return
-        if self.interpolate_loss and not dense:  # AFTER_LOSS
-            other = batch_set(_shallow_copy(state.batch), self.target_key, self._permuted_target)
-            interpolate_loss_(state, other, 1 - self._adjusted_lambda)
-        elif self._original_target is not None:
-            state.batch = batch_set(state.batch, self.target_key, self._original_target)
-            self._original_target = None
+        # AFTER_LOSS (dense targets with interpolate_loss were refused at BEFORE_LOSS)
+        self._after_loss(state, self._permuted_target, 1 - self._adjusted_lambda)

@@ -31,8 +31,9 @@ from cadence.algorithms.factorize_modules import (
     factorize_matrix,
     factorizing_could_speedup,
 )
+from cadence.algorithms.surgery import InitSurgery
 from cadence.config.registry import algorithms
-from cadence.core import Algorithm, Event, State
+from cadence.core import Event, State
 from cadence.utils import module_surgery
 
 __all__ = ["Factorize", "FactorizedConv2d", "FactorizedLinear", "LowRankSolution",
@@ -130,7 +131,7 @@ def apply_factorization(model: nn.Module, factorize_convs: bool = True,
 
 
 @algorithms.register("factorize")
-class Factorize(Algorithm):
+class Factorize(InitSurgery):
     """Low-rank factorization of ``Conv2d`` and ``Linear`` layers at ``Event.INIT`` (see
     :func:`apply_factorization`): a conv ``[N, C_in, H, W] -> [N, C_out, H', W']`` becomes a
     ``k x k`` conv to ``latent_channels`` then a ``1 x 1`` conv; a linear ``[..., in] ->
@@ -161,8 +162,6 @@ class Factorize(Algorithm):
           factorize: {min_channels: 128, latent_channels: 0.25}
     """
 
-    events = frozenset({Event.INIT})
-
     def __init__(self, factorize_convs: bool = True, factorize_linears: bool = True,
                  min_channels: int = 256, latent_channels: Union[int, float] = 0.25,
                  min_features: int = 256, latent_features: Union[int, float] = 128) -> None:
@@ -182,14 +181,6 @@ class Factorize(Algorithm):
                 f"{self.factorize_linears}, min_channels={self.min_channels}, latent_channels="
                 f"{self.latent_channels}, min_features={self.min_features}, latent_features="
                 f"{self.latent_features})")
-
-    @staticmethod
-    def required_on_load() -> bool:
-        """The checkpoint's model has this surgery: a resumed run must apply it too."""
-        return True
-
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
         apply_factorization(state.model, factorize_convs=self.factorize_convs,

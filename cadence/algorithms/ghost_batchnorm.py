@@ -17,8 +17,9 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from cadence.algorithms.surgery import InitSurgery
 from cadence.config.registry import algorithms
-from cadence.core import Algorithm, Event, State
+from cadence.core import Event, State
 from cadence.utils import module_surgery
 
 __all__ = ["GhostBatchNorm", "GhostBatchNorm1d", "GhostBatchNorm2d", "GhostBatchNorm3d",
@@ -144,7 +145,7 @@ def apply_ghost_batchnorm(model: nn.Module, ghost_batch_size: int = 32,
 
 
 @algorithms.register("ghost_batchnorm")
-class GhostBatchNorm(Algorithm):
+class GhostBatchNorm(InitSurgery):
     """Ghost batch normalization (Hoffer et al. 2017) at ``Event.INIT``: every batch norm
     normalizes each chunk of ``ghost_batch_size`` samples of a ``[N, C, ...]`` batch with the
     chunk's own statistics, the regularizing noise of small batches in a large-batch run
@@ -165,8 +166,6 @@ class GhostBatchNorm(Algorithm):
           ghost_batchnorm: {ghost_batch_size: 16}
     """
 
-    events = frozenset({Event.INIT})
-
     def __init__(self, ghost_batch_size: int = 32) -> None:
         if ghost_batch_size < 1:
             raise ValueError(f"GhostBatchNorm: ghost_batch_size must be >= 1, got "
@@ -175,14 +174,6 @@ class GhostBatchNorm(Algorithm):
 
     def __repr__(self) -> str:
         return f"GhostBatchNorm(ghost_batch_size={self.ghost_batch_size})"
-
-    @staticmethod
-    def required_on_load() -> bool:
-        """The checkpoint's model has this surgery: a resumed run must apply it too."""
-        return True
-
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
         apply_ghost_batchnorm(state.model, ghost_batch_size=self.ghost_batch_size,

@@ -13,21 +13,17 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any, Sequence, Union
+from typing import Sequence, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cadence.algorithms.low_precision_layernorm import (
-    APPLY_EVENTS,
-    _cast_if_autocast_enabled,
-    is_low_precision,
-    parse_apply_at,
-)
+from cadence.algorithms.low_precision_layernorm import _cast_if_autocast_enabled, is_low_precision
+from cadence.algorithms.surgery import ApplyAtSurgery
 from cadence.algorithms.warnings import NoEffectWarning
 from cadence.config.registry import algorithms
-from cadence.core import Algorithm, Event, Precision, State
+from cadence.core import Precision
 from cadence.utils import module_surgery
 
 __all__ = ["LPGroupNorm", "LowPrecisionGroupNorm", "apply_low_precision_groupnorm"]
@@ -101,7 +97,7 @@ def apply_low_precision_groupnorm(
 
 
 @algorithms.register("low_precision_groupnorm")
-class LowPrecisionGroupNorm(Algorithm):
+class LowPrecisionGroupNorm(ApplyAtSurgery):
     """Runs every ``nn.GroupNorm`` in the autocast dtype under ``amp_fp16`` / ``amp_bf16``:
     :func:`apply_low_precision_groupnorm` at ``apply_at``. A GroupNorm over ``[N, C, *]``
     then returns fp16/bf16 under autocast; in ``fp32`` nothing changes (a
@@ -123,19 +119,4 @@ class LowPrecisionGroupNorm(Algorithm):
           low_precision_groupnorm: {}
     """
 
-    events = frozenset(APPLY_EVENTS)
-
-    def __init__(self, apply_at: Event = Event.INIT) -> None:
-        self.apply_at = parse_apply_at("LowPrecisionGroupNorm", apply_at)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(apply_at={self.apply_at})"
-
-    def match(self, event: Event, state: State) -> bool:
-        return event == self.apply_at
-
-    def apply(self, event: Event, state: State, logger: Any) -> None:
-        try:
-            apply_low_precision_groupnorm(state.model, state.precision, state.optimizers)
-        except TypeError as exc:  # the Trainer parallelizes the model right after INIT
-            raise TypeError(f"{self!r}: {exc} Use apply_at='init'.") from None
+    surgery = staticmethod(apply_low_precision_groupnorm)

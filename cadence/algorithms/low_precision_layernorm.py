@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any, Sequence, Union
+from typing import Sequence, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cadence.algorithms.surgery import ApplyAtSurgery
 from cadence.algorithms.warnings import NoEffectWarning
 from cadence.config.registry import algorithms
-from cadence.core import Algorithm, Event, Precision, State
+from cadence.core import Precision
 from cadence.utils import module_surgery
 
 __all__ = ["LPLayerNorm", "LowPrecisionLayerNorm", "apply_low_precision_layernorm"]
@@ -33,9 +34,6 @@ __all__ = ["LPLayerNorm", "LowPrecisionLayerNorm", "apply_low_precision_layernor
 log = logging.getLogger(__name__)
 
 Optimizers = Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]]
-#: the events a low-precision norm surgery may run at (Composer's)
-APPLY_EVENTS = (Event.INIT, Event.BEFORE_LOAD, Event.AFTER_LOAD)
-
 
 def _cast_if_autocast_enabled(tensor: torch.Tensor | None) -> torch.Tensor | None:
     """``tensor`` in the autocast dtype of its device when autocast is on there, else as is."""
@@ -51,23 +49,6 @@ def is_low_precision(precision: Union[str, Precision, None]) -> bool:
     """Whether ``precision`` is ``amp_fp16`` or ``amp_bf16`` (a string or a Precision)."""
     return precision is not None and Precision.parse(precision) in (Precision.AMP_FP16,
                                                                     Precision.AMP_BF16)
-
-
-def parse_apply_at(algorithm: str, apply_at: Union[str, Event]) -> Event:
-    """``apply_at`` as an Event, one of :data:`APPLY_EVENTS`.
-
-    Raises:
-        ValueError: any other event, naming ``algorithm`` and the allowed ones.
-    """
-    try:
-        event = Event(apply_at)
-    except ValueError:
-        event = None
-    if event not in APPLY_EVENTS:
-        allowed = ", ".join(e.value for e in APPLY_EVENTS)
-        raise ValueError(f"{algorithm}: apply_at={apply_at!r} is not supported; use one of "
-                         f"{allowed}.")
-    return event
 
 
 class LPLayerNorm(nn.LayerNorm):
@@ -138,7 +119,7 @@ def apply_low_precision_layernorm(
 
 
 @algorithms.register("low_precision_layernorm")
-class LowPrecisionLayerNorm(Algorithm):
+class LowPrecisionLayerNorm(ApplyAtSurgery):
     """Runs every ``nn.LayerNorm`` in the autocast dtype under ``amp_fp16`` / ``amp_bf16``
     (instead of autocast's fp32): :func:`apply_low_precision_layernorm` at ``apply_at``.
 
@@ -163,19 +144,4 @@ class LowPrecisionLayerNorm(Algorithm):
           low_precision_layernorm: {}
     """
 
-    events = frozenset(APPLY_EVENTS)
-
-    def __init__(self, apply_at: Event = Event.INIT) -> None:
-        self.apply_at = parse_apply_at("LowPrecisionLayerNorm", apply_at)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(apply_at={self.apply_at})"
-
-    def match(self, event: Event, state: State) -> bool:
-        return event == self.apply_at
-
-    def apply(self, event: Event, state: State, logger: Any) -> None:
-        try:
-            apply_low_precision_layernorm(state.model, state.precision, state.optimizers)
-        except TypeError as exc:  # the Trainer parallelizes the model right after INIT
-            raise TypeError(f"{self!r}: {exc} Use apply_at='init'.") from None
+    surgery = staticmethod(apply_low_precision_layernorm)

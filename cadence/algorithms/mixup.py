@@ -125,8 +125,48 @@ def _check_alpha(alpha: float, owner: str) -> float:
     return float(alpha)
 
 
+class PermutationMix(Algorithm):
+    """What MixUp and CutMix share: each microbatch mixed with a permutation of itself at
+    ``BEFORE_FORWARD`` (by the subclass), then the targets mixed at ``BEFORE_LOSS`` and put
+    back at ``AFTER_LOSS``, or with ``interpolate_loss`` the losses mixed at ``AFTER_LOSS``.
+
+    Raises:
+        ValueError: a negative ``alpha`` (naming the subclass).
+    """
+
+    events = frozenset({Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS})
+
+    def __init__(self, alpha: float, interpolate_loss: bool, input_key: Any,
+                 target_key: Any) -> None:
+        self.alpha = _check_alpha(alpha, type(self).__name__)
+        self.interpolate_loss = bool(interpolate_loss)
+        self.input_key, self.target_key = input_key, target_key
+        self._original_target: Optional[torch.Tensor] = None
+
+    def _mix_targets(self, state: State, target: torch.Tensor, own_weight: float,
+                     permuted_target: torch.Tensor) -> None:
+        """``BEFORE_LOSS``: the target becomes ``own_weight * one_hot(y) + (1 - own_weight)
+        * one_hot(y[perm])``, shaped like the outputs; ``y`` is kept for ``AFTER_LOSS``."""
+        _require_tensors(type(self).__name__, outputs=state.outputs)
+        self._original_target = target
+        mixed = (own_weight * ensure_targets_one_hot(state.outputs, target)
+                 + (1 - own_weight) * ensure_targets_one_hot(state.outputs, permuted_target))
+        state.batch = batch_set(state.batch, self.target_key, mixed)
+
+    def _after_loss(self, state: State, permuted_target: torch.Tensor,
+                    other_weight: float) -> None:
+        """``AFTER_LOSS``: mix the losses (``interpolate_loss``), else put the labels back
+        for the train metrics."""
+        if self.interpolate_loss:
+            other = batch_set(_shallow_copy(state.batch), self.target_key, permuted_target)
+            interpolate_loss_(state, other, other_weight)
+        elif self._original_target is not None:
+            state.batch = batch_set(state.batch, self.target_key, self._original_target)
+            self._original_target = None
+
+
 @algorithms.register("mixup")
-class MixUp(Algorithm):
+class MixUp(PermutationMix):
     """MixUp (Zhang et al. 2018): each microbatch is mixed with a permutation of itself.
 
     At ``BEFORE_FORWARD`` a mixing weight ``m = min(z, 1 - z)``, ``z ~ Beta(alpha, alpha)``,
@@ -158,8 +198,6 @@ class MixUp(Algorithm):
           mixup: {alpha: 0.2}
     """
 
-    events = frozenset({Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS})
-
     def __init__(
         self,
         alpha: float = 0.2,
@@ -167,13 +205,10 @@ class MixUp(Algorithm):
         input_key: Union[str, int, tuple[Callable, Callable], Any] = 0,
         target_key: Union[str, int, tuple[Callable, Callable], Any] = 1,
     ) -> None:
-        self.alpha = _check_alpha(alpha, "MixUp")
-        self.interpolate_loss = bool(interpolate_loss)
-        self.input_key, self.target_key = input_key, target_key
+        super().__init__(alpha, interpolate_loss, input_key, target_key)
         self.mixing = 0.0
         self.indices = torch.Tensor()
         self.permuted_target = torch.Tensor()
-        self._original_target: Optional[torch.Tensor] = None
 
     def match(self, event: Event, state: State) -> bool:
         if event == Event.BEFORE_LOSS:
@@ -191,18 +226,9 @@ class MixUp(Algorithm):
                                                          indices=self.indices)
             state.batch = batch_set(state.batch, self.input_key, mixed)
         elif event == Event.BEFORE_LOSS:
-            _require_tensors("MixUp", outputs=state.outputs)
-            self._original_target = target
-            mixed_target = ((1 - self.mixing) * ensure_targets_one_hot(state.outputs, target)
-                            + self.mixing
-                            * ensure_targets_one_hot(state.outputs, self.permuted_target))
-            state.batch = batch_set(state.batch, self.target_key, mixed_target)
-        elif self.interpolate_loss:  # AFTER_LOSS
-            other = batch_set(_shallow_copy(state.batch), self.target_key, self.permuted_target)
-            interpolate_loss_(state, other, self.mixing)
-        elif self._original_target is not None:  # AFTER_LOSS: labels back for the metrics
-            state.batch = batch_set(state.batch, self.target_key, self._original_target)
-            self._original_target = None
+            self._mix_targets(state, target, 1 - self.mixing, self.permuted_target)
+        else:  # AFTER_LOSS
+            self._after_loss(state, self.permuted_target, self.mixing)
 
 
 def _require_tensors(owner: str, **values: Any) -> None:

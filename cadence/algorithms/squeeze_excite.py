@@ -15,8 +15,9 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from cadence.algorithms.surgery import InitSurgery
 from cadence.config.registry import algorithms
-from cadence.core import Algorithm, Event, State
+from cadence.core import Event, State
 from cadence.utils import module_surgery
 
 __all__ = ["SqueezeExcite", "SqueezeExcite2d", "SqueezeExciteConv2d", "apply_squeeze_excite"]
@@ -141,7 +142,7 @@ def apply_squeeze_excite(model: nn.Module, latent_channels: float = 64, min_chan
 
 
 @algorithms.register("squeeze_excite")
-class SqueezeExcite(Algorithm):
+class SqueezeExcite(InitSurgery):
     """Squeeze-and-Excitation (Hu et al. 2018) at ``Event.INIT``: a channel-attention block
     after each ``Conv2d`` with ``min(in_channels, out_channels) >= min_channels``, which
     scales each ``[N, C, H, W]`` output channel by a gate in ``(0, 1)`` computed from the
@@ -163,8 +164,6 @@ class SqueezeExcite(Algorithm):
           squeeze_excite: {latent_channels: 0.25, min_channels: 64}
     """
 
-    events = frozenset({Event.INIT})
-
     def __init__(self, latent_channels: float = 64, min_channels: int = 128) -> None:
         _latent_size(latent_channels, 1)
         if min_channels < 0:
@@ -175,14 +174,6 @@ class SqueezeExcite(Algorithm):
     def __repr__(self) -> str:
         return (f"SqueezeExcite(latent_channels={self.latent_channels}, "
                 f"min_channels={self.min_channels})")
-
-    @staticmethod
-    def required_on_load() -> bool:
-        """The checkpoint's model has this surgery: a resumed run must apply it too."""
-        return True
-
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
         apply_squeeze_excite(state.model, latent_channels=self.latent_channels,

@@ -17,7 +17,8 @@ from typing import Any, Optional
 
 from torch import nn
 
-__all__ = ["METADATA_KEY", "adapter_metadata", "base_mismatch", "saves_adapters_only"]
+__all__ = ["METADATA_KEY", "adapter_metadata", "base_mismatch", "model_state_dict",
+           "saves_adapters_only"]
 
 METADATA_KEY = "adapter_only"
 """The checkpoint metadata key: ``{"base": {"name_or_path", "crc32c", "over"}}``."""
@@ -31,6 +32,33 @@ def _inner(model: nn.Module) -> nn.Module:
 def saves_adapters_only(model: nn.Module) -> bool:
     """Whether ``model``'s checkpoints leave its frozen parameters out."""
     return bool(getattr(_inner(model), "saves_adapters_only", False))
+
+
+def model_state_dict(model: nn.Module, options: Any) -> dict[str, Any]:
+    """``get_model_state_dict(model, options=options)``; with ``ignore_frozen_params`` also
+    without the frozen parameters' *aliases*.
+
+    torch drops frozen parameters by walking ``named_parameters()``, which names a tied
+    parameter once, so its other name stays: a GPT-2's ``lm_head.weight`` (tied to
+    ``transformer.wte.weight``) was 3.1 of an adapter-only checkpoint's 3.9 MB. Every name of
+    a frozen parameter is dropped here, mapped to its state-dict key as torch maps it.
+
+    Args:
+        model: the (possibly DDP-, FSDP2- or ``torch.compile``-wrapped) model.
+        options: a ``torch.distributed.checkpoint.state_dict.StateDictOptions``.
+
+    Returns:
+        The model state dict (DTensors for a sharded model unless ``full_state_dict``).
+    """
+    from torch.distributed.checkpoint.state_dict import _get_fqns, get_model_state_dict
+
+    state_dict = get_model_state_dict(model, options=options)
+    if options.ignore_frozen_params:
+        for name, param in model.named_parameters(remove_duplicate=False):
+            if not param.requires_grad:
+                for key in _get_fqns(model, name):
+                    state_dict.pop(key, None)
+    return state_dict
 
 
 def adapter_metadata(model: nn.Module) -> dict[str, Any]:

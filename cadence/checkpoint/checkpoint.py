@@ -56,7 +56,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
+    StateDictOptions, get_optimizer_state_dict, set_model_state_dict,
     set_optimizer_state_dict,
 )
 from torch.distributed.tensor import DTensor
@@ -64,7 +64,7 @@ from torch.distributed.tensor import DTensor
 from cadence.utils import dist
 from cadence._version import __version__
 from cadence.checkpoint.adapter_only import (
-    METADATA_KEY, adapter_metadata, base_mismatch, saves_adapters_only,
+    METADATA_KEY, adapter_metadata, base_mismatch, model_state_dict, saves_adapters_only,
 )
 from cadence.checkpoint.data_position import load_data_position, save_data_position
 from cadence.checkpoint.errors import CheckpointError
@@ -241,7 +241,7 @@ def collect_checkpoint(state: State, fmt: str, weights_only: bool = False,
         raise ValueError(f"checkpoint format {fmt!r} is not one of: {', '.join(FORMATS)}.")
     full = fmt == "full" and gather
     frozen = not saves_adapters_only(state.model)
-    model_sd = get_model_state_dict(state.model, options=_options(full, frozen=frozen))
+    model_sd = model_state_dict(state.model, _options(full, frozen=frozen))
     tensors: dict[str, Any] = {"model": model_sd}
     if not weights_only:
         # a full file keys them by class name as Composer does; DCP keeps the index (the
@@ -546,8 +546,8 @@ def _load_full(state: State, path: Path, weights_only: bool, strict: bool,
     rank0 = dist.get_global_rank() == 0
     error: list[Any] = [None]
     loaded: Any = None
-    shapes = {frozen: shapes_of(get_model_state_dict(
-        state.model, options=_options(False, frozen=frozen))) for frozen in (True, False)}
+    shapes = {frozen: shapes_of(model_state_dict(state.model, _options(False, frozen=frozen)))
+              for frozen in (True, False)}
     if rank0:
         try:
             loaded = load_verified(path, checksums, require)
@@ -620,7 +620,7 @@ def _read_sharded_parts(reader: SafeFileSystemReader, path: Path, checksums: boo
 def _load_sharded(state: State, path: Path, weights_only: bool, strict: bool,
                   ignore_keys: Sequence[str], checksums: bool, require: bool) -> dict[str, Any]:
     reader = SafeFileSystemReader(str(path))
-    model_sds = {frozen: get_model_state_dict(state.model, options=StateDictOptions(
+    model_sds = {frozen: model_state_dict(state.model, StateDictOptions(
         ignore_frozen_params=not frozen)) for frozen in (True, False)}
     extra = _all_ranks(lambda: _read_sharded_parts(
         reader, path, checksums, require, {k: shapes_of(v) for k, v in model_sds.items()},

@@ -80,12 +80,11 @@ def peft_metadata(inner: nn.Module) -> dict[str, Any]:
 
 
 def _peft_config(saved: dict[str, Any]) -> Any:
-    from cadence.models.peft import import_peft
+    from cadence.models.peft import peft_config_class
 
-    peft = import_peft()
     kwargs = dict(saved)
     kwargs.pop("base_model_name_or_path", None)  # peft takes it from the base; set after
-    config_class = peft.mapping.PEFT_TYPE_TO_CONFIG_MAPPING[str(kwargs.pop("peft_type"))]
+    config_class = peft_config_class(str(kwargs.pop("peft_type")))
     fields = {f for f in config_class.__dataclass_fields__
               if config_class.__dataclass_fields__[f].init}
     return config_class(**{k: v for k, v in kwargs.items() if k in fields})

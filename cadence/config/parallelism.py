@@ -115,7 +115,8 @@ class FSDPConfig:
         use_orig_params: FSDP2 always keeps the original parameters (as DTensors); only
             ``True`` is accepted.
         sync_module_states: broadcast rank 0's parameters and buffers to every rank before
-            sharding (for models initialised differently per rank); default False.
+            tensor parallelism and FSDP2 slice them (for models initialised differently per
+            rank); default False.
         cpu_ram_efficient_loading: rank 0 holds the real weights, the other ranks build the
             model on the meta device; after sharding, rank 0's full state dict is broadcast
             and each rank keeps its shard (the Llama-70B FSDP recipe). Default False.

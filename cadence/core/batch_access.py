@@ -1,16 +1,8 @@
 """Reading and writing one part of a batch by key: the implementation behind Composer's
-``batch_get`` / ``batch_set`` (:mod:`cadence.utils.batch_helpers`, their public home) and
-``State.batch_get_item`` / ``State.batch_set_item``. It lives in ``core`` so that
-:class:`~cadence.core.state.State` can use it (``core`` imports nothing else from cadence).
-
-A ``key`` is one of:
-
-- an index or mapping key (``0``, ``"input_ids"``), or an attribute name (``"x"`` of a
-  dataclass or named tuple);
-- a sequence of such keys (``[0, 1]``): their values together;
-- a callable: ``getter(batch) -> value`` for :func:`get_item`,
-  ``setter(batch, value) -> batch`` for :func:`set_item`;
-- a pair ``(getter, setter)`` of callables: each function uses its half.
+``batch_get`` / ``batch_set`` (:mod:`cadence.utils.batch_helpers`: their public home, where
+the keys, examples and errors are documented) and ``State.batch_get_item`` /
+``State.batch_set_item``. It lives in ``core`` so that :class:`~cadence.core.state.State` can
+use it (``core`` imports nothing else from cadence).
 """
 
 from __future__ import annotations
@@ -41,18 +33,7 @@ def _getter_setter_pair(key: Any) -> bool:
 
 
 def get_item(batch: Any, key: BatchKey) -> Any:
-    """The part of ``batch`` that ``key`` names (see the module docstring for keys).
-
-    Example::
-
-        get_item({"x": x, "y": y}, "y")                 # y
-        get_item((x, y), 0)                             # x
-        get_item((x, y), [0, 1])                        # (x, y)
-        get_item(batch, lambda b: b["x"][:, :8])        # a getter
-
-    Raises:
-        KeyError, IndexError, AttributeError: ``key`` names nothing in ``batch``.
-    """
+    """Composer's ``batch_get``: see :func:`cadence.utils.batch_helpers.batch_get`."""
     if _getter_setter_pair(key):
         return key[0](batch)
     if callable(key):
@@ -101,21 +82,7 @@ def _set_one(batch: Any, key: Any, value: Any) -> Any:
 
 
 def set_item(batch: Any, key: BatchKey, value: Any) -> Any:
-    """``batch`` with the part that ``key`` names set to ``value``.
-
-    Lists, dicts, tensors and objects are changed in place (and returned); tuples and named
-    tuples cannot be, so a new one is returned: always use the return value.
-
-    Example::
-
-        batch = set_item(batch, "input_ids", truncated)         # [batch, seq'] tensor
-        batch = set_item((x, y), 1, smoothed)                   # a new tuple
-
-    Raises:
-        KeyError, IndexError: ``key`` is not already in ``batch`` (a mapping does not grow).
-        RuntimeError: ``batch`` has neither such an item nor such an attribute.
-        ValueError: a sequence of keys with a value of another length.
-    """
+    """Composer's ``batch_set``: see :func:`cadence.utils.batch_helpers.batch_set`."""
     if _getter_setter_pair(key):
         return key[1](batch, value)
     if callable(key):

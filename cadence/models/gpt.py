@@ -308,7 +308,9 @@ def hf_pretrained(
             ``{peft_type: LORA, r: 8, lora_alpha: 16, target_modules: [q_proj, v_proj],
             lora_dropout: 0.05}`` (GPT-2: ``target_modules: [c_attn]`` with
             ``fan_in_fan_out: true``); a key the config class lacks is refused when the run
-            file is checked. Needs ``pip install 'cadence[peft]'``. With ``peft`` the base
+            file is checked. ``task_type`` follows ``task`` (``SEQ_CLS`` for a classifier:
+            ``peft`` then trains the new head with the adapters; ``CAUSAL_LM``), and another
+            is refused. Needs ``pip install 'cadence[peft]'``. With ``peft`` the base
             loads now on every rank (``init_device: meta`` is not streamed yet).
         should_save_peft_only: with ``peft``, checkpoints hold only the adapters and their
             optimizer state, and record this directory and its weight files' CRC32C.
@@ -352,7 +354,12 @@ def hf_pretrained(
                          "now), 'meta' (stream each rank's shards after sharding).")
     peft_config = None
     if peft is not None:
-        peft_config = peft_config_from_dict(peft, "hf_pretrained: peft")
+        wanted = "SEQ_CLS" if task == "sequence_classification" else "CAUSAL_LM"
+        peft_config = peft_config_from_dict(peft, "hf_pretrained: peft", task_type=wanted)
+        given = str(getattr(peft_config.task_type, "value", peft_config.task_type))
+        if given != wanted:  # peft would leave a classifier's new head frozen and untrained
+            raise ValueError(f"hf_pretrained: peft.task_type={given!r} does not fit "
+                             f"task={task!r}; use task_type: {wanted} (or leave it out).")
         init_device = None  # peft wraps real weights; streaming into adapters is not built
     dtype = _resolve_torch_dtype(torch_dtype)
     _check_attn_implementation(attn_implementation)

@@ -419,10 +419,12 @@ class HuggingFaceModel(ComposerModel):
 
     def num_tokens(self, batch: Any) -> int:
         """Real (non-padding) tokens in ``batch``: the ones in ``attention_mask`` if present,
-        else the element count of ``input_ids``, else 0."""
+        else in ``token_mask`` (packed rows of :mod:`cadence.data.instruction`, which carry no
+        ``attention_mask``), else the element count of ``input_ids``, else 0."""
         if isinstance(batch, Mapping):
-            if batch.get("attention_mask") is not None:
-                return int(batch["attention_mask"].sum().item())
+            for mask in ("attention_mask", "token_mask"):
+                if batch.get(mask) is not None:
+                    return int(batch[mask].sum().item())
             if batch.get("input_ids") is not None:
                 return int(batch["input_ids"].numel())
         return 0

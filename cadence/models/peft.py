@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 __all__ = ["SUPPORTED_PEFT_TYPES", "base_identity", "check_peft_arg", "import_peft",
-           "peft_config_from_dict", "wrap_with_peft"]
+           "peft_config_class", "peft_config_from_dict", "wrap_with_peft"]
 
 SUPPORTED_PEFT_TYPES = ("LORA", "IA3")
 """``peft_type`` values whose adapters are plain modules (DoRA: ``LORA`` with ``use_dora``)."""
@@ -55,14 +55,29 @@ def import_peft() -> Any:
     return peft
 
 
-def peft_config_from_dict(spec: Mapping[str, Any], where: str = "peft") -> Any:
+def peft_config_class(peft_type: str) -> type:
+    """``peft``'s config class for ``peft_type`` (``"LORA"`` -> ``peft.LoraConfig``).
+
+    Raises:
+        ImportError: ``peft`` is not installed (naming the extra).
+        KeyError: ``peft`` has no such type.
+    """
+    import importlib
+
+    import_peft()
+    return importlib.import_module("peft.mapping").PEFT_TYPE_TO_CONFIG_MAPPING[peft_type]
+
+
+def peft_config_from_dict(spec: Mapping[str, Any], where: str = "peft",
+                          task_type: str = "CAUSAL_LM") -> Any:
     """A ``peft.PeftConfig`` from a run file's mapping.
 
     Args:
         spec: ``peft_type`` (``LORA`` or ``IA3``) and that config class's fields (for LoRA:
-            ``r``, ``lora_alpha``, ``target_modules``, ``lora_dropout``, ``use_dora``, ...;
-            ``task_type`` defaults to ``CAUSAL_LM``).
+            ``r``, ``lora_alpha``, ``target_modules``, ``lora_dropout``, ``use_dora``, ...).
         where: the key path, for messages.
+        task_type: ``spec``'s ``task_type`` when it has none (default ``CAUSAL_LM``; a
+            classifier's is ``SEQ_CLS``, under which ``peft`` also trains the new head).
 
     Raises:
         ValueError: no or unknown ``peft_type``, an unknown key (named, with the nearest
@@ -72,14 +87,14 @@ def peft_config_from_dict(spec: Mapping[str, Any], where: str = "peft") -> Any:
     if not isinstance(spec, Mapping):
         raise ValueError(f"{where} must be a mapping such as {{peft_type: LORA, r: 8, "
                          f"target_modules: [q_proj, v_proj]}}, got {type(spec).__name__}.")
-    peft = import_peft()
+    import_peft()  # the ImportError naming the extra comes first
     kwargs = dict(spec)
     peft_type = str(kwargs.pop("peft_type", "")).upper()
     if peft_type not in SUPPORTED_PEFT_TYPES:
         raise ValueError(f"{where}.peft_type={spec.get('peft_type')!r} is not supported; "
                          f"allowed: {', '.join(SUPPORTED_PEFT_TYPES)} (DoRA: LORA with "
                          f"use_dora: true).")
-    config_class = peft.mapping.PEFT_TYPE_TO_CONFIG_MAPPING[peft_type]
+    config_class = peft_config_class(peft_type)
     fields = {f.name for f in dataclasses.fields(config_class) if f.init}
     for key in kwargs:
         if key not in fields:
@@ -87,7 +102,7 @@ def peft_config_from_dict(spec: Mapping[str, Any], where: str = "peft") -> Any:
             hint = f" Did you mean {near[0]!r}?" if near else ""
             raise ValueError(f"{where}.{key} is not a {config_class.__name__} field.{hint} "
                              f"Fields: {', '.join(sorted(fields - {'peft_type'}))}.")
-    kwargs.setdefault("task_type", "CAUSAL_LM")
+    kwargs.setdefault("task_type", task_type)
     if isinstance(kwargs.get("target_modules"), (list, tuple)):
         kwargs["target_modules"] = list(kwargs["target_modules"])
     try:

@@ -130,6 +130,10 @@ def parallelize(model: nn.Module, plan: ParallelPlan) -> nn.Module:
               f"{dist.get_world_size()} ranks", flush=True)
     rank0_state = _to_meta_keeping_rank0_state(model) if source == "rank0" else None
 
+    if fsdp is not None and fsdp.sync_module_states and source == "model":
+        # before tensor parallelism slices the weights: each rank then keeps its own slice of
+        # rank 0's weights (after it, rank 0's slice would overwrite every rank's)
+        _broadcast_module_states(model, plan.device)
     apply_ac(model, plan.activation_checkpointing)
     apply_compile(model, plan.compile)
     if tp_plan is not None:
@@ -139,8 +143,6 @@ def parallelize(model: nn.Module, plan: ParallelPlan) -> nn.Module:
         apply_tp(model, tp_plan, mesh["tp"])
     if fsdp is not None:
         assert mesh is not None
-        if fsdp.sync_module_states and source == "model":
-            _broadcast_module_states(model, plan.device)
         apply_fsdp(model, fsdp, data_parallel_mesh(mesh), precision=plan.precision,
                    device=plan.device)
     if source == "rank0":

@@ -16,16 +16,19 @@ from cadence.utils.device import get_device
 from cadence.models.base import ComposerModel
 from cadence.utils import dist
 from cadence.trainer.auto_microbatch import forward_backward_auto, parse_microbatch_size
+from cadence.trainer.checkpointing import (
+    add_run_saver, checkpoint_metadata, run_saver, save_now,
+)
 from cadence.trainer.closures import step_with_closure, sync_context, uses_closure
 from cadence.trainer.grad_sync import GradientSync
 from cadence.trainer.loss_weighting import LossWeighting, mean_over_ranks
 from cadence.checkpoint.data_position import iter_epoch
-from cadence.checkpoint.files import name_template, pointer_template
+from cadence.checkpoint.files import pointer_template
 from cadence.checkpoint.lock import release_on_error
 from cadence.checkpoint.object_store import check_object_store
 from cadence.checkpoint.remote import check_url
 from cadence.checkpoint.resume import load_at_start
-from cadence.checkpoint.run_folder import RunFolder, check_autoresume_folder
+from cadence.checkpoint.run_folder import RunFolder
 from cadence.core import (
     Algorithm, Callback, Engine, Evaluator, Event, State, Time, TimeLike, TimeUnit,
 )
@@ -44,7 +47,7 @@ from cadence.parallel import (
     remap_optimizer_params, unwrap_model,
 )
 from cadence.parallel.compile import parse_compile_config
-from cadence.parallel.elastic import check_resume_layout, mesh_layout
+from cadence.parallel.elastic import check_resume_layout
 from cadence.parallel.data import (
     align_sampler_with_data_parallel, check_distributed_sampler, sync_metrics_over,
 )
@@ -269,7 +272,7 @@ class Trainer:
         load_ignore_keys = [*load_ignore_keys,
                             *options.excluded_algorithm_keys(load_exclude_algorithms)]
         del spin_dataloaders, load_progress_bar  # accepted: resume continues the dataloader
-        self._check_model(model)
+        options.check_model(model)
         # a DataSpec (Composer's) or a plain dataloader; the state holds the dataloader itself
         self._train_spec = None if train_dataloader is None else ensure_data_spec(train_dataloader)
         train_dataloader = None if self._train_spec is None else self._train_spec.dataloader
@@ -297,13 +300,8 @@ class Trainer:
         check_distributed_sampler(train_dataloader, "train_dataloader", self._dp_size)
         align_sampler_with_data_parallel(train_dataloader, "train_dataloader", self._dp_size,
                                          self._dp_rank)
-        if autoresume and (save_folder is None
-                           or (run_name or options.run_name_from_env()) is None):
-            raise ValueError("autoresume=True needs save_folder and an explicit run_name (or "
-                             "CADENCE_RUN_NAME), to find the run's checkpoints: a default run "
-                             "name is new on every launch.")
-        run_name, rank_zero_seed = options.agree_across_ranks(
-            run_name or options.run_name_from_env(), seed)
+        run_name, rank_zero_seed = options.run_name_and_seed(run_name, seed, autoresume,
+                                                             save_folder)
         seed_all(rank_zero_seed)  # INIT's surgery draws the same new weights on every rank
         # a URL (s3://...) saves to object storage through a local stage; an unknown protocol
         # or a missing extra (of save_folder or load_path) is refused now
@@ -342,7 +340,8 @@ class Trainer:
             console_log_interval or self.log_interval, log_traces)
         self.hyperparameters = {**options.extract_hparams(init_args), **(hyperparameters or {})}
         self.hyperparameters.setdefault("rank_zero_seed", rank_zero_seed)
-        self._add_checkpoint_saver(
+        add_run_saver(
+            self.state, self._run_folder, self._checkpoint_metadata(), self.parallelism_config,
             save_interval=options.checked_save_interval(save_interval), filename=save_filename,
             latest_filename=save_latest_filename,
             num_checkpoints_to_keep=save_num_checkpoints_to_keep, overwrite=save_overwrite,
@@ -378,39 +377,8 @@ class Trainer:
         self.logger.log_hyperparameters(self.hyperparameters)
 
     # ------------------------------------------------------------------ wiring
-    def _add_checkpoint_saver(self, save_interval: Any, state_dict_type: Optional[str],
-                              autoresume: bool, **kwargs: Any) -> None:
-        """Add a CheckpointSaver when the run has a save_folder (Composer does the same)."""
-        state = self.state
-        if self._run_folder is None or save_interval is None:
-            return
-        from cadence.callbacks.checkpoint_saver import CheckpointSaver
-
-        fsdp = self.parallelism_config.fsdp
-        fmt = state_dict_type or (fsdp.state_dict_type if fsdp is not None else "full")
-        saver = CheckpointSaver(folder=self._run_folder, save_interval=save_interval,
-                                state_dict_type=fmt, metadata=self._checkpoint_metadata(),
-                                autoresume=autoresume, **kwargs)
-        if not (autoresume or kwargs["overwrite"]):
-            existing = self._run_folder.newest_checkpoint(
-                saver.latest_filename.format(run_name=state.run_name), state.run_name)
-            if existing is not None:
-                raise ValueError(
-                    f"save_folder {self._run_folder.url} already holds checkpoint {existing}; "
-                    f"set autoresume=True to continue that run, save_overwrite=True to replace "
-                    f"its checkpoints, or choose another save_folder / run_name."
-                )
-        if autoresume:  # another run's checkpoints there: refused now, not at the first save
-            check_autoresume_folder(self._run_folder, state.run_name,
-                                    name_template(kwargs["filename"], fmt))
-        state.callbacks.append(saver)
-
     def _checkpoint_metadata(self) -> dict[str, Any]:
-        """The run's config, and for a HuggingFaceModel what export needs to rebuild it."""
-        from cadence.checkpoint.export import huggingface_metadata
-
-        return {"config": self.hyperparameters, "mesh": mesh_layout(self.parallelism_config),
-                **huggingface_metadata(self.state.model)}
+        return checkpoint_metadata(self.state, self.hyperparameters, self.parallelism_config)
 
     def _parallelize(self, optimizers: list[torch.optim.Optimizer]) -> None:
         """Apply the parallelize plan once (activation checkpointing, compile, TP, FSDP2 /
@@ -437,15 +405,6 @@ class Trainer:
             align_sampler_with_data_parallel(evaluator.dataloader.dataloader,
                                              f"eval {evaluator.label!r}",
                                              self._dp_size, self._dp_rank)
-
-    @staticmethod
-    def _check_model(model: Any) -> None:
-        for method in ("forward", "loss"):
-            if not callable(getattr(model, method, None)):
-                raise TypeError(
-                    f"model must be a ComposerModel (with forward(batch) and loss(outputs, "
-                    f"batch)); {type(model).__name__} has no {method}()."
-                )
 
     def _wall_clock_lap(self) -> datetime.timedelta:
         """Wall clock since the last batch (or epoch end, or ``fit`` start), for the timestamp's
@@ -542,6 +501,7 @@ class Trainer:
         if changes.evaluators is not None:
             self.eval_interval = changes.eval_interval
             self.eval_subset_num_batches = changes.eval_subset_num_batches
+            self._align_eval_samplers()
             self._build_metrics()
         if changes.auto_microbatch is not None:
             self._auto_microbatch = changes.auto_microbatch
@@ -565,9 +525,7 @@ class Trainer:
     def saved_checkpoints(self) -> list[str]:
         """Paths of the checkpoints the run's ``CheckpointSaver`` saved and still keeps,
         oldest first (Composer's ``Trainer.saved_checkpoints``); ``[]`` without one."""
-        from cadence.callbacks.checkpoint_saver import CheckpointSaver
-
-        saver = next((c for c in self.state.callbacks if isinstance(c, CheckpointSaver)), None)
+        saver = run_saver(self.state.callbacks)
         return [] if saver is None else saver.saved_checkpoints
 
     def save_checkpoint(self, name: str = "ep{epoch}-ba{batch}-rank{rank}", *,
@@ -576,18 +534,8 @@ class Trainer:
         ``name`` takes ``{run_name}``, ``{epoch}``, ``{batch}``, ``{rank}`` and lands in
         ``save_folder`` (else the working directory), in the run's state-dict type (a full
         one gets ``.pt``). Returns the checkpoint's path."""
-        from cadence.callbacks.checkpoint_saver import CheckpointSaver
-
-        run_saver = next((c for c in self.state.callbacks if isinstance(c, CheckpointSaver)), None)
-        if run_saver is not None:
-            run_saver.wait()  # a background save in flight (save_async) moves latest first
-        fsdp = self.parallelism_config.fsdp
-        saver = CheckpointSaver(  # its own: the run's saver keeps its rotation list
-            folder=self._run_folder or ".", overwrite=True, symlink_filename=None,
-            state_dict_type=run_saver.state_dict_type if run_saver else "full" if fsdp is None
-            else fsdp.state_dict_type, metadata=self._checkpoint_metadata())
-        path = saver.save(self.state, self.logger, filename=name, weights_only=weights_only)
-        return None if path is None else str(path)
+        return save_now(self.state, self.logger, self._run_folder, self._checkpoint_metadata(),
+                        self.parallelism_config, name, weights_only)
 
     def export_for_inference(self, save_format: str, save_path: str,
                              save_object_store: Any = None, sample_input: Any = None,

@@ -27,7 +27,7 @@ __all__ = [
     "apply_run_settings", "as_evaluators", "as_list", "excluded_algorithm_keys",
     "console_destinations", "dataloader_len", "extract_hparams", "grad_scaler_for",
     "profiler_callbacks", "checked_save_interval", "checked_eval_subset",
-    "run_name_from_env", "parse_duration", "scale_duration", "steps_schedulers_every_batch",
+    "check_model", "run_name_and_seed", "run_name_from_env", "parse_duration", "scale_duration", "steps_schedulers_every_batch",
     "subset_len",
 ]
 
@@ -91,6 +91,32 @@ def agree_across_ranks(run_name: Optional[str], seed: Optional[int]) -> tuple[st
     if dist.get_world_size() > 1 and (run_name is None or seed is None):
         dist.broadcast_object_list(chosen, src=0)
     return chosen[0], chosen[1]
+
+
+def run_name_and_seed(run_name: Optional[str], seed: Optional[int], autoresume: bool,
+                      save_folder: Optional[str]) -> tuple[str, int]:
+    """The run name (the argument, else :func:`run_name_from_env`, else a new one) and the
+    rank-zero seed, the same on every rank (:func:`agree_across_ranks`).
+
+    Raises:
+        ValueError: ``autoresume`` without a ``save_folder`` or a named run (a default run
+            name is new on every launch, so the run's checkpoints could not be found).
+    """
+    run_name = run_name or run_name_from_env()
+    if autoresume and (save_folder is None or run_name is None):
+        raise ValueError("autoresume=True needs save_folder and an explicit run_name (or "
+                         "CADENCE_RUN_NAME), to find the run's checkpoints: a default run "
+                         "name is new on every launch.")
+    return agree_across_ranks(run_name, seed)
+
+
+def check_model(model: Any) -> None:
+    """Raises ``TypeError`` naming the missing method unless ``model`` has Composer's
+    ``forward(batch)`` and ``loss(outputs, batch)``."""
+    for method in ("forward", "loss"):
+        if not callable(getattr(model, method, None)):
+            raise TypeError(f"model must be a ComposerModel (with forward(batch) and "
+                            f"loss(outputs, batch)); {type(model).__name__} has no {method}().")
 
 
 #: Read in this order when no ``run_name`` is given: cadence's, then Composer's two.

@@ -11,21 +11,13 @@ from cadence.algorithms import AugmentAndMixTransform, AugMix
 from cadence.functional import augmix_image
 from cadence.utils.augmentation_primitives import augmentation_sets, autocontrast, rotate
 from tests.algorithms.vision_helpers import (
-    BatchSpy,
-    LossRecorder,
-    PILBrightestChannel,
-    ToTensor,
-    loss_fell,
-    run_vision_trainer,
-    tiny_classifier,
+    assert_dataset_transform_added_and_loss_falls,
+    random_pil_image,
 )
 
 
 def _image(mode: str = "RGB") -> object:
-    import PIL.Image
-
-    shape = (14, 20, 3) if mode == "RGB" else (14, 20)
-    return PIL.Image.fromarray(np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8))
+    return random_pil_image(mode, seed=1)
 
 
 @pytest.mark.parametrize("mode", ["RGB", "L"])
@@ -79,16 +71,4 @@ def test_bad_arguments(kwargs: dict, error: type, match: str) -> None:
 
 
 def test_trainer_adds_transform_before_to_tensor_and_loss_falls() -> None:
-    from torch.utils.data import DataLoader
-
-    dataset = PILBrightestChannel(96)
-    plain = torch.stack([dataset[i][0] for i in range(8)])
-    spy, recorder = BatchSpy("after_dataloader"), LossRecorder()
-    run_vision_trainer(tiny_classifier(), [AugMix(severity=3, width=2)], steps=12,
-                       callbacks=[spy, recorder],
-                       train_dataloader=DataLoader(dataset, batch_size=8))
-    assert isinstance(dataset.transform[0], AugmentAndMixTransform)
-    assert isinstance(dataset.transform[1], ToTensor)
-    first, _ = spy.seen["after_dataloader"][0]
-    assert first.shape == plain.shape and not torch.equal(first, plain)
-    assert loss_fell(recorder.losses)
+    assert_dataset_transform_added_and_loss_falls(AugMix(severity=3, width=2), AugmentAndMixTransform)

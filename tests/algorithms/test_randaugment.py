@@ -11,21 +11,15 @@ from cadence.algorithms import RandAugment, RandAugmentTransform
 from cadence.functional import randaugment_image
 from cadence.utils.augmentation_primitives import augmentation_sets, rotate, solarize
 from tests.algorithms.vision_helpers import (
-    BatchSpy,
-    LossRecorder,
     PILBrightestChannel,
     ToTensor,
-    loss_fell,
-    run_vision_trainer,
-    tiny_classifier,
+    assert_dataset_transform_added_and_loss_falls,
+    random_pil_image,
 )
 
 
 def _image(mode: str = "RGB", size: tuple[int, int] = (20, 14)) -> object:
-    import PIL.Image
-
-    shape = (size[1], size[0], 3) if mode == "RGB" else (size[1], size[0])
-    return PIL.Image.fromarray(np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8))
+    return random_pil_image(mode, size, seed=0)
 
 
 @pytest.mark.parametrize("mode", ["RGB", "L"])
@@ -69,19 +63,7 @@ def test_bad_arguments(kwargs: dict, error: type, match: str) -> None:
 
 
 def test_trainer_adds_transform_before_to_tensor_and_loss_falls() -> None:
-    from torch.utils.data import DataLoader
-
-    dataset = PILBrightestChannel(96)
-    plain = torch.stack([dataset[i][0] for i in range(8)])
-    spy, recorder = BatchSpy("after_dataloader"), LossRecorder()
-    run_vision_trainer(tiny_classifier(), [RandAugment(severity=3, depth=1)], steps=12,
-                       callbacks=[spy, recorder],
-                       train_dataloader=DataLoader(dataset, batch_size=8))
-    assert isinstance(dataset.transform[0], RandAugmentTransform)
-    assert isinstance(dataset.transform[1], ToTensor)
-    first, _ = spy.seen["after_dataloader"][0]
-    assert first.shape == plain.shape and not torch.equal(first, plain)
-    assert loss_fell(recorder.losses)
+    assert_dataset_transform_added_and_loss_falls(RandAugment(severity=3, depth=1), RandAugmentTransform)
 
 
 def test_plain_callable_transform_is_composed_and_missing_transform_refused() -> None:

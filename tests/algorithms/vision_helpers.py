@@ -236,3 +236,31 @@ class BatchSpy(Callback):
         if event.value in self.seen:
             inputs, targets = state.batch[0], state.batch[1]
             self.seen[event.value].append((inputs.detach().clone(), targets.detach().clone()))
+
+
+def random_pil_image(mode: str = "RGB", size: tuple[int, int] = (20, 14), seed: int = 0) -> Any:
+    """A ``PIL`` image of uniform random 8-bit pixels, ``size`` = (width, height)."""
+    import numpy as np
+    import PIL.Image
+
+    shape = (size[1], size[0], 3) if mode == "RGB" else (size[1], size[0])
+    return PIL.Image.fromarray(np.random.default_rng(seed).integers(0, 256, shape,
+                                                                      dtype=np.uint8))
+
+
+def assert_dataset_transform_added_and_loss_falls(algorithm: Any, transform_type: type) -> None:
+    """Train :func:`tiny_classifier` on :class:`PILBrightestChannel` with ``algorithm`` (a
+    dataset-transform augmentation): its ``transform_type`` goes in before ``ToTensor``, the
+    first batch differs from the plain images (same shape), and the loss falls."""
+    from torch.utils.data import DataLoader
+
+    dataset = PILBrightestChannel(96)
+    plain = torch.stack([dataset[i][0] for i in range(8)])
+    spy, recorder = BatchSpy("after_dataloader"), LossRecorder()
+    run_vision_trainer(tiny_classifier(), [algorithm], steps=12, callbacks=[spy, recorder],
+                       train_dataloader=DataLoader(dataset, batch_size=8))
+    assert isinstance(dataset.transform[0], transform_type)
+    assert isinstance(dataset.transform[1], ToTensor)
+    first, _ = spy.seen["after_dataloader"][0]
+    assert first.shape == plain.shape and not torch.equal(first, plain)
+    assert loss_fell(recorder.losses)

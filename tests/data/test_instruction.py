@@ -35,9 +35,11 @@ class LossRecorder(Callback):
 
     def __init__(self) -> None:
         self.values: list[float] = []
+        self.real_tokens = 0  # record tokens of the batches trained (padding left out)
 
     def after_train_batch(self, state, logger) -> None:
         self.values.append(float(state.loss.detach()))
+        self.real_tokens += int(state.batch["token_mask"].sum())
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +159,7 @@ def test_packed_rows_match_each_record_run_alone(tok, tmp_path) -> None:
     model = gpt2(n_layer=2, n_head=2, n_embd=32, vocab_size=50257, max_seq_len=48).model.eval()
     for index, row in packed:
         item = dataset[index]
-        assert set(item) == {"input_ids", "labels", "position_ids"}
+        assert set(item) == {"input_ids", "labels", "position_ids", "token_mask"}
         with torch.no_grad():
             together = model(input_ids=item["input_ids"][None],
                              position_ids=item["position_ids"][None]).logits[0]
@@ -174,6 +176,7 @@ def test_packed_rows_match_each_record_run_alone(tok, tmp_path) -> None:
                 assert not torch.allclose(unmasked[start:end], alone, atol=1e-3)
             start = end
         assert (item["labels"][start:] == -100).all()
+        assert item["token_mask"].tolist() == [1] * start + [0] * (48 - start)
 
 
 def test_unpacked_batches_pad_to_the_longest_with_an_attention_mask(tok, tmp_path) -> None:
@@ -205,6 +208,8 @@ def test_sft_trains_with_token_weighted_loss(tok, tmp_path) -> None:
     trainer.fit()
     assert len(losses.values) >= 6
     assert sum(losses.values[-2:]) / 2 < 0.85 * sum(losses.values[:2]) / 2, losses.values
+    # the timestamp's tokens are the records' tokens, not the padding of the packed rows
+    assert trainer.state.timestamp.token == losses.real_tokens < 8 * 2 * 32
 
 
 def test_kjv_verse_pairs_split_per_book_without_overlap(tmp_path) -> None:

@@ -139,6 +139,29 @@ def test_hf_pretrained_with_peft_records_the_base_directory(tmp_path: Path) -> N
     assert not any(p.is_meta for p in model.parameters())
 
 
+def test_hf_pretrained_classifier_with_peft_trains_its_new_head(tmp_path: Path) -> None:
+    """``task: sequence_classification`` gives peft ``SEQ_CLS``: the new head trains with the
+    adapters (under ``CAUSAL_LM`` it would stay frozen at its random initialisation)."""
+    from transformers import GPT2ForSequenceClassification
+
+    from cadence.models.gpt import hf_pretrained
+
+    torch.manual_seed(0)
+    config = base_model().config
+    config.num_labels = 3
+    GPT2ForSequenceClassification(config).save_pretrained(tmp_path / "base")
+    spec = {"peft_type": "LORA", "r": 4, "target_modules": ["c_attn"], "fan_in_fan_out": True}
+    model = hf_pretrained(tmp_path / "base", task="sequence_classification", num_labels=3,
+                          peft=spec)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert any("score" in n for n in trainable), trainable
+    assert all("lora_" in n or "score" in n for n in trainable), trainable
+    with pytest.raises(ValueError, match=r"peft.task_type='CAUSAL_LM' does not fit "
+                                         r"task='sequence_classification'; use task_type: SEQ_CLS"):
+        hf_pretrained(tmp_path / "base", task="sequence_classification", num_labels=3,
+                      peft={**spec, "task_type": "CAUSAL_LM"})
+
+
 def test_child_tuning_refuses_peft(tmp_path: Path) -> None:
     from cadence.algorithms.child_tuning import ChildTuning
 
@@ -161,6 +184,14 @@ def test_adapter_only_checkpoint_resumes_exactly_and_is_small(tmp_path: Path, fm
     full = next(p for p in (tmp_path / "c").iterdir() if p.name.startswith("ep"))
     print(f"{fmt}: adapter-only {size(checkpoint)} B, full {size(full)} B")
     assert size(checkpoint) < 0.05 * size(full)
+    if fmt == "full":  # the tied lm_head.weight (an alias of the frozen wte) is left out too
+        saved = torch.load(checkpoint, weights_only=True)["state"]["model"]
+        assert saved and all("lora_" in key for key in saved), sorted(saved)
+    else:
+        from torch.distributed.checkpoint import FileSystemReader
+        keys = FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
+        model_keys = [k for k in keys if k.startswith("model.")]
+        assert model_keys and all("lora_" in k for k in model_keys), model_keys
 
 
 def test_resume_onto_another_base_is_refused(tmp_path: Path) -> None:

@@ -73,3 +73,19 @@ def test_tp2_metrics_count_each_sample_once() -> None:
 @pytest.mark.world_size(4)
 def test_fsdp_x_tp_metrics_count_each_sample_once() -> None:
     check_counts({"fsdp": {}, "tp": {"tensor_parallel_degree": 2}})
+
+
+@pytest.mark.world_size(2)
+def test_tp2_eval_dataloader_given_to_fit_counts_each_sample_once() -> None:
+    """``fit(eval_dataloader=)`` splits its sampler over the data-parallel ranks too (the
+    tensor-parallel pair evaluates the same samples), as ``Trainer(eval_dataloader=)`` does."""
+    torch.manual_seed(0)
+    trainer = Trainer(model=CountingModel(), train_dataloader=_loader(8, TRAIN_BATCH, 0),
+                      max_duration="2ba", progress_bar=False, device="cpu",
+                      parallelism_config={"tp": {"tensor_parallel_degree": 2}})
+    loader = _loader(EVAL_SAMPLES, 2, 1)
+    trainer.fit(eval_dataloader=loader, eval_interval="2ba")
+    assert loader.sampler.num_replicas == 1 and loader.sampler.rank == 0
+    counted = float(trainer.state.eval_metrics["eval"]["Samples"].compute())
+    assert counted == EVAL_SAMPLES, f"{counted} samples counted, {EVAL_SAMPLES} evaluated"
+    trainer.close()

@@ -1,0 +1,88 @@
+"""The Trainer's checkpoint savers: the run's :class:`CheckpointSaver`, built from the
+``save_*`` arguments, and the one-off saver behind ``Trainer.save_checkpoint``.
+
+Both carry the same metadata: the run's config, the mesh layout (for the elastic-resume
+check) and, for a ``HuggingFaceModel``, what export needs to rebuild it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from cadence.checkpoint.files import name_template
+from cadence.checkpoint.run_folder import RunFolder, check_autoresume_folder
+from cadence.core import Callback, State
+
+__all__ = ["add_run_saver", "checkpoint_metadata", "run_saver", "save_now"]
+
+
+def checkpoint_metadata(state: State, hyperparameters: dict[str, Any],
+                        parallelism_config: Any) -> dict[str, Any]:
+    """The run's config, its mesh layout, and for a HuggingFaceModel what export needs."""
+    from cadence.checkpoint.export import huggingface_metadata
+    from cadence.parallel.elastic import mesh_layout
+
+    return {"config": hyperparameters, "mesh": mesh_layout(parallelism_config),
+            **huggingface_metadata(state.model)}
+
+
+def run_saver(callbacks: Sequence[Callback]) -> Any:
+    """The run's ``CheckpointSaver`` among ``callbacks``, or None."""
+    from cadence.callbacks.checkpoint_saver import CheckpointSaver
+
+    return next((c for c in callbacks if isinstance(c, CheckpointSaver)), None)
+
+
+def _default_format(parallelism_config: Any) -> str:
+    fsdp = parallelism_config.fsdp
+    return "full" if fsdp is None else fsdp.state_dict_type
+
+
+def add_run_saver(state: State, run_folder: Optional[RunFolder], metadata: dict[str, Any],
+                  parallelism_config: Any, save_interval: Any, state_dict_type: Optional[str],
+                  autoresume: bool, **kwargs: Any) -> None:
+    """Append the run's ``CheckpointSaver`` to ``state.callbacks`` when the run has a save
+    folder and a ``save_interval`` (as Composer does). ``kwargs``: the saver's other
+    arguments (``filename``, ``overwrite``, ...).
+
+    Raises:
+        ValueError: without ``autoresume`` or ``overwrite``, the folder already holds a
+            checkpoint of this run (named, with the three ways out); with ``autoresume``,
+            another run's checkpoints are there (:func:`check_autoresume_folder`).
+    """
+    if run_folder is None or save_interval is None:
+        return
+    from cadence.callbacks.checkpoint_saver import CheckpointSaver
+
+    fmt = state_dict_type or _default_format(parallelism_config)
+    saver = CheckpointSaver(folder=run_folder, save_interval=save_interval, state_dict_type=fmt,
+                            metadata=metadata, autoresume=autoresume, **kwargs)
+    if not (autoresume or kwargs["overwrite"]):
+        existing = run_folder.newest_checkpoint(
+            saver.latest_filename.format(run_name=state.run_name), state.run_name)
+        if existing is not None:
+            raise ValueError(
+                f"save_folder {run_folder.url} already holds checkpoint {existing}; set "
+                f"autoresume=True to continue that run, save_overwrite=True to replace its "
+                f"checkpoints, or choose another save_folder / run_name.")
+    if autoresume:  # another run's checkpoints there: refused now, not at the first save
+        check_autoresume_folder(run_folder, state.run_name, name_template(kwargs["filename"], fmt))
+    state.callbacks.append(saver)
+
+
+def save_now(state: State, logger: Any, run_folder: Optional[RunFolder],
+             metadata: dict[str, Any], parallelism_config: Any, name: str,
+             weights_only: bool) -> Optional[str]:
+    """Save a checkpoint now (``Trainer.save_checkpoint``), in the run saver's format, with a
+    saver of its own (the run's keeps its rotation list); call on every rank. A background
+    save in flight (``save_async``) finishes first, so ``latest`` moves in order."""
+    from cadence.callbacks.checkpoint_saver import CheckpointSaver
+
+    existing = run_saver(state.callbacks)
+    if existing is not None:
+        existing.wait()
+    fmt = existing.state_dict_type if existing else _default_format(parallelism_config)
+    saver = CheckpointSaver(folder=run_folder or ".", overwrite=True, symlink_filename=None,
+                            state_dict_type=fmt, metadata=metadata)
+    path = saver.save(state, logger, filename=name, weights_only=weights_only)
+    return None if path is None else str(path)
