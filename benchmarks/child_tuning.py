@@ -116,6 +116,32 @@ def accuracy(model: Any, batches: list[dict[str, Any]]) -> float:
     return right / total
 
 
+def cache_key(args: argparse.Namespace, method: str, lr: float, seed: int) -> str:
+    """What identifies a finished run in ``--cache``: the protocol, run file, method, rate
+    and seed."""
+    return json.dumps({**{k: v for k, v in vars(args).items() if k in _PROTOCOL},
+                       "run_file": str(args.run_file), "method": method, "lr": lr,
+                       "seed": seed}, sort_keys=True)
+
+
+def read_cached(args: argparse.Namespace, key: str) -> dict[str, Any] | None:
+    """The result ``--cache`` holds for ``key``, or None."""
+    if args.cache is not None and args.cache.exists():
+        for line in args.cache.read_text().splitlines():
+            record = json.loads(line)
+            if record["key"] == key:
+                return record["result"]
+    return None
+
+
+def write_cached(args: argparse.Namespace, key: str, result: dict[str, Any]) -> None:
+    """Append a finished run to ``--cache`` (one JSON line), if one was given."""
+    if args.cache is not None:
+        args.cache.parent.mkdir(parents=True, exist_ok=True)
+        with args.cache.open("a") as cache:
+            cache.write(json.dumps({"key": key, "result": result}) + "\n")
+
+
 def run_one(args: argparse.Namespace, method: str, lr: float, seed: int,
             held_out: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Fit one run; its dev and test accuracy, last training loss and wall seconds.
@@ -124,15 +150,11 @@ def run_one(args: argparse.Namespace, method: str, lr: float, seed: int,
     the same protocol, method, learning rate and seed is read back instead of trained again,
     so an interrupted benchmark resumes where it stopped.
     """
-    key = json.dumps({**{k: v for k, v in vars(args).items() if k in _PROTOCOL},
-                      "run_file": str(args.run_file), "method": method, "lr": lr,
-                      "seed": seed}, sort_keys=True)
-    if args.cache is not None and args.cache.exists():
-        for line in args.cache.read_text().splitlines():
-            record = json.loads(line)
-            if record["key"] == key:
-                print(f"{method:>7} lr {lr:g} seed {seed}: cached", flush=True)
-                return record["result"]
+    key = cache_key(args, method, lr, seed)
+    cached = read_cached(args, key)
+    if cached is not None:
+        print(f"{method:>7} lr {lr:g} seed {seed}: cached", flush=True)
+        return cached
     from cadence.config.build import build_trainer
     from cadence.config.load import load_config
 
@@ -146,9 +168,7 @@ def run_one(args: argparse.Namespace, method: str, lr: float, seed: int,
               "dev": accuracy(model, held_out["dev"]), "test": accuracy(model, held_out["test"]),
               "loss": float(trainer.state.total_loss)}
     trainer.close()
-    if args.cache is not None:
-        with args.cache.open("a") as cache:
-            cache.write(json.dumps({"key": key, "result": result}) + "\n")
+    write_cached(args, key, result)
     print(f"{method:>7} lr {lr:g} seed {seed}: dev {100 * result['dev']:.2f} %, "
           f"test {100 * result['test']:.2f} %, last train loss {result['loss']:.3f}, "
           f"{seconds:.0f} s", flush=True)

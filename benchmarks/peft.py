@@ -116,15 +116,12 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 def run_one(args: argparse.Namespace, method: str, lr: float, seed: int) -> dict[str, Any]:
     """One run in a fresh process (its peak RSS is its own), read back from --cache if there."""
+    key = child_tuning.cache_key(args, method, lr, seed)
+    cached = child_tuning.read_cached(args, key)
+    if cached is not None:
+        print(f"{method:>14} lr {lr:g} seed {seed}: cached", flush=True)
+        return cached
     protocol = {k: v for k, v in vars(args).items() if k in child_tuning._PROTOCOL}
-    key = json.dumps({**protocol, "run_file": str(args.run_file), "method": method, "lr": lr,
-                      "seed": seed}, sort_keys=True)
-    if args.cache is not None and args.cache.exists():
-        for line in args.cache.read_text().splitlines():
-            record = json.loads(line)
-            if record["key"] == key:
-                print(f"{method:>14} lr {lr:g} seed {seed}: cached", flush=True)
-                return record["result"]
     spec = {"method": method, "lr": lr, "seed": seed,
             "args": {**protocol, "run_file": str(args.run_file)}}
     done = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)],
@@ -133,10 +130,7 @@ def run_one(args: argparse.Namespace, method: str, lr: float, seed: int) -> dict
         raise SystemExit(f"{method} lr {lr:g} seed {seed} failed ({done.returncode}):\n"
                          f"{done.stderr[-4000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    if args.cache is not None:
-        args.cache.parent.mkdir(parents=True, exist_ok=True)
-        with args.cache.open("a") as cache:
-            cache.write(json.dumps({"key": key, "result": result}) + "\n")
+    child_tuning.write_cached(args, key, result)
     print(f"{method:>14} lr {lr:g} seed {seed}: dev {100 * result['dev']:.2f} %, test "
           f"{100 * result['test']:.2f} %, {result['s_per_step']:.3f} s/step, "
           f"{result['peak_rss_mib']:.0f} MiB peak, checkpoint {result['checkpoint_mib']:.2f} "

@@ -19,12 +19,22 @@ from cadence.config.registry import loggers
 if TYPE_CHECKING:
     from cadence.core.state import State
 
-__all__ = ["ConsoleLogger", "NUM_EVAL_LOGGING_EVENTS", "eval_progress_batches", "format_value",
-           "format_metrics", "is_eval_metric", "progress_string", "resolve_stream",
+__all__ = ["ConsoleLogger", "NUM_EVAL_LOGGING_EVENTS", "eval_progress_batches", "format_table",
+           "format_value", "format_metrics", "is_eval_metric", "progress_string", "resolve_stream",
            "total_batches", "total_epochs"]
 
 #: Eval progress lines per evaluator run: at 0 %, 10 %, ... 100 % of its batches (Composer's).
 NUM_EVAL_LOGGING_EVENTS = 11
+
+
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], name: str,
+                 step: Optional[int] = None) -> str:
+    """A table as console lines: ``[table] name (step N):``, then one line per row of
+    ``column: value`` pairs (:func:`format_value`) separated by `` | ``."""
+    lines = [f"[table] {name}" + ("" if step is None else f" (step {step})") + ":"]
+    lines += ["\t " + " | ".join(f"{c}: {format_value(v)}" for c, v in zip(columns, row))
+              for row in rows]
+    return "\n".join(lines)
 
 
 def format_value(value: Any) -> str:
@@ -259,12 +269,8 @@ class ConsoleLogger(LoggerDestination):
 
     def log_table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]],
                   name: str = "Table", step: Optional[int] = None) -> None:
-        """Print the table now (rank zero): a ``[table] name (step N):`` line, then one line
-        per row, ``column: value`` pairs separated by `` | ``."""
-        lines = [f"[table] {name}" + ("" if step is None else f" (step {step})") + ":"]
-        lines += ["\t " + " | ".join(f"{c}: {format_value(v)}" for c, v in zip(columns, row))
-                  for row in rows]
-        self._log_to_console("\n".join(lines))
+        """Print the table now (rank zero): :func:`format_table`'s lines."""
+        self._log_to_console(format_table(columns, rows, name, step))
 
     def log_traces(self, traces: Mapping[str, Any]) -> None:
         """Print algorithm traces (name -> trace) when ``log_traces`` is set."""

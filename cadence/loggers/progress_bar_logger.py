@@ -8,7 +8,7 @@ Source: MosaicML Composer's ``ProgressBarLogger`` (``composer/loggers/progress_b
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Optional, TextIO, Union
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, TextIO, Union
 
 from tqdm import tqdm
 
@@ -17,6 +17,7 @@ from cadence.utils.dist import get_global_rank
 from cadence.loggers.console_logger import (
     ConsoleLogger,
     format_metrics,
+    format_table,
     format_value,
     is_eval_metric,
     resolve_stream,
@@ -112,6 +113,12 @@ class ProgressBarLogger(LoggerDestination):
         if self.should_log_traces:
             for name, trace in traces.items():
                 self._write(f"[trace]: {name}:{format_value(trace)}")
+
+    def log_table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+                  name: str = "Table", step: Optional[int] = None) -> None:
+        """Print the table above the bars (rank zero), as the console logger does
+        (:func:`~cadence.loggers.console_logger.format_table`)."""
+        self._write(format_table(columns, rows, name, step))
 
     def _print_hparams(self) -> None:
         if self.hparams_already_logged_to_console:

@@ -124,3 +124,36 @@ def test_generate_under_fsdp2_on_two_ranks_matches_one_process(tmp_path: Path) -
     trainer.fit()
     one = json.loads(memory.tables["generations"])
     assert two["data"] == one["data"]
+
+
+def test_generations_reach_mlflow_and_the_progress_bar(tmp_path: Path, monkeypatch) -> None:
+    """MLflow: the rows of every interval in the run's ``generations.json`` artifact, read back
+    with ``MlflowClient`` (with a ``step`` column); the progress bar: the table's lines above
+    the bars."""
+    pytest.importorskip("mlflow")
+    from cadence.loggers import MLFlowLogger, ProgressBarLogger
+    from tests.loggers.test_mlflow_logger import client
+
+    monkeypatch.chdir(tmp_path)  # a SQLite store keeps its artifacts in ./mlruns
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    bar_stream = io.StringIO()
+    mlflow_logger = MLFlowLogger(experiment_name="gen", tracking_uri=store, flush_interval=0,
+                                 log_system_metrics=False)
+    memory = InMemoryLogger()
+    trainer = Trainer(
+        model=_model(), train_dataloader=_loader(), max_duration="3ba", seed=0,
+        callbacks=[Generate(PROMPTS, interval="2ba", max_new_tokens=3, do_sample=False)],
+        loggers=[memory, mlflow_logger, ProgressBarLogger(stream=bar_stream)],
+        progress_bar=False, run_name="gen-mlflow")
+    trainer.fit()
+    trainer.close()
+    final = json.loads(memory.tables["generations"])["data"]
+    written = client(store).download_artifacts(mlflow_logger.run_id, "generations.json",
+                                               str(tmp_path))
+    table = json.loads(Path(written).read_text())  # MLflow's table: columns, data
+    assert table["columns"] == ["step", "prompt", "generation"]
+    assert [row[0] for row in table["data"]] == [2] * len(PROMPTS) + [3] * len(PROMPTS)
+    assert [row[1:] for row in table["data"] if row[0] == 3] == final
+    shown = bar_stream.getvalue()
+    assert "[table] generations (step 3):" in shown
+    assert f"prompt: {final[0][0]} | generation: {final[0][1]}" in shown

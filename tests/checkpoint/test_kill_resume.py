@@ -29,9 +29,11 @@ LATEST = f"latest-{RUN}"
 TOTAL = 12  # batches: 2 epochs of 6 (24 samples, 4 per batch)
 
 
-def run_file(tmp_path: Path, name: str, kill: dict[str, Any] | None) -> Path:
+def run_file(tmp_path: Path, name: str, kill: dict[str, Any] | None,
+             **overrides: Any) -> Path:
     """A tiny GPT-2 on Shakespeare, dropout on (the RNG must resume too), a checkpoint every
-    2 batches, the loss logged every batch to ``<save_folder>/metrics.jsonl``."""
+    2 batches, the loss logged every batch to ``<save_folder>/metrics.jsonl``; ``overrides``
+    replace top-level keys (another ``model``...)."""
     config: dict[str, Any] = {
         "run_name": RUN, "seed": 17, "max_duration": f"{TOTAL}ba",
         "global_train_batch_size": 4, "log_interval": "1ba", "progress_bar": False,
@@ -45,6 +47,7 @@ def run_file(tmp_path: Path, name: str, kill: dict[str, Any] | None) -> Path:
         "loggers": {"file": {}},
         "save_folder": str(tmp_path / name), "save_interval": "2ba", "autoresume": True,
     }
+    config.update(overrides)
     if kill is not None:
         config["callbacks"] = {"tests.common.killing.KillAt": kill}
     path = tmp_path / f"{name}.yaml"
