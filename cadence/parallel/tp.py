@@ -331,6 +331,14 @@ def _style_for(spec: StyleSpec, module: nn.Module, name: str, degree: int) -> Pa
         return kind()
     module_kind = type(module).__name__
     if kind in ("colwise", "rowwise", "fused_qkv_colwise"):
+        base = getattr(module, "base_layer", None)
+        if isinstance(base, nn.Module) and type(module).__module__.startswith("peft."):
+            raise ValueError(
+                f"module {name!r} is a peft adapter layer ({type(module).__module__}."
+                f"{module_kind}) around a {type(base).__name__}: tensor parallelism cannot "
+                f"split an adapter layer (its base and its lora_A / lora_B would need matching "
+                f"splits). Leave {name!r} out of the plan (parallelism_config.tp.layer_plan) or "
+                f"out of peft's target_modules; FSDP2 alone shards adapter layers.")
         if _out_features(module) is None:
             raise ValueError(f"module {name!r} is a {module_kind}; {kind} shards nn.Linear, "
                              f"nn.Embedding or a Hugging Face Conv1D.")

@@ -68,10 +68,17 @@ class Counting(Dataset):
 
 def run(folder: Path, model: HuggingFaceModel, stop_at: Optional[int] = None,
         autoresume: bool = False, fmt: str = "full", fsdp: bool = False,
-        max_duration: str = "8ba") -> tuple[dict[int, float], Trainer]:
+        max_duration: str = "8ba", tp_plan: Optional[dict[str, str]] = None,
+        **trainer_kwargs: Any) -> tuple[dict[int, float], Trainer]:
     data = Counting()
-    loader = DataLoader(data, batch_size=GLOBAL_BATCH // dist.get_world_size(),
+    data_parallel = 1 if tp_plan else dist.get_world_size()  # a TP pair shares its batch
+    loader = DataLoader(data, batch_size=GLOBAL_BATCH // data_parallel,
                         sampler=dist.get_sampler(data, shuffle=True, seed=3, drop_last=True))
+    parallelism = {"fsdp": {"state_dict_type": fmt}} if fsdp else None
+    parallelism = trainer_kwargs.pop("parallelism_config", parallelism)
+    if tp_plan:
+        parallelism = {"tp": {"tensor_parallel_degree": dist.get_world_size(),
+                              "layer_plan": tp_plan}}
     memory = InMemoryLogger()
     trainer = Trainer(
         model=model, train_dataloader=loader, max_duration=max_duration, seed=11,
@@ -79,7 +86,7 @@ def run(folder: Path, model: HuggingFaceModel, stop_at: Optional[int] = None,
         callbacks=[] if stop_at is None else [StopAt(stop_at)], progress_bar=False,
         run_name="lora", save_folder=str(folder), save_interval="100ba",
         save_state_dict_type=fmt, autoresume=autoresume,
-        parallelism_config={"fsdp": {"state_dict_type": fmt}} if fsdp else None,
+        parallelism_config=parallelism, **trainer_kwargs,
     )
     trainer.fit()
     trainer.close()
@@ -237,3 +244,91 @@ def test_lora_fsdp_two_ranks_matches_one_process(tmp_path: Path) -> None:
     one, _ = run(tmp_path / "one", lora_model(dropout=0.0))
     for step, loss in one.items():
         assert abs(two[str(step)] - loss) < 1e-5, (step, two[str(step)], loss)
+
+
+def test_tensor_parallel_plan_refuses_adapter_layers_naming_them() -> None:
+    """GPT-2's built-in plan splits ``attn.c_attn``, which LoRA wrapped: refused, naming the
+    module, the reason and the two ways out."""
+    from cadence.parallel.tp import plan_tensor_parallel
+
+    with pytest.raises(ValueError) as err:
+        plan_tensor_parallel(lora_model(), 2)
+    message = str(err.value)
+    assert "'model.base_model.model.transformer.h.0.attn.c_attn' is a peft adapter layer" \
+        in message and "around a Conv1D" in message
+    assert "layer_plan" in message and "target_modules" in message
+    assert "h.0.mlp.c_fc" not in message  # modules without adapters are fine
+
+
+#: the MLP split over the TP pair; LoRA (on ``attn.c_attn``) stays out of the plan
+MLP_PLAN = {"model.base_model.model.transformer.h.*.mlp.c_fc": "colwise",
+            "model.base_model.model.transformer.h.*.mlp.c_proj": "rowwise"}
+
+
+def _tp_two_ranks(folder: str) -> None:
+    from torch.distributed.tensor import DTensor
+
+    model = lora_model(dropout=0.0)
+    losses, _ = run(Path(folder) / "tp", model, tp_plan=MLP_PLAN)
+    c_fc = dict(model.named_parameters())["model.base_model.model.transformer.h.0.mlp.c_fc.weight"]
+    assert isinstance(c_fc, DTensor) and c_fc.to_local().shape[1] * 2 == c_fc.shape[1]
+    if dist.get_global_rank() == 0:
+        (Path(folder) / "tp_losses.json").write_text(json.dumps(losses))
+
+
+@pytest.mark.slow
+def test_lora_with_tensor_parallel_mlp_matches_one_process(tmp_path: Path) -> None:
+    """Tensor parallelism where peft's layers allow it: the MLP split over 2 ranks, LoRA on
+    the attention (replicated); the loss curve is the one process's (float tolerance)."""
+    from tests.common.distributed import run_in_processes
+
+    run_in_processes(2, __file__, "_tp_two_ranks", {"folder": str(tmp_path)})
+    two = json.loads((tmp_path / "tp_losses.json").read_text())
+    one, _ = run(tmp_path / "one", lora_model(dropout=0.0))
+    assert len(one) == 8
+    for step, loss in one.items():
+        assert abs(two[str(step)] - loss) < 1e-5, (step, two[str(step)], loss)
+
+
+# Dynamo reads `.grad` of non-leaf activations while tracing (see tests/parallel/test_compile.py)
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")
+def test_lora_with_activation_checkpointing_and_compile_gives_the_same_losses(
+        tmp_path: Path) -> None:
+    """Both wrap the blocks around peft's layers: the adapters still train, the base stays
+    bit-identical, and the losses are the plain run's (float tolerance)."""
+    from cadence.algorithms import ActivationCheckpointing
+    from cadence.algorithms.activation_checkpointing import is_checkpointed
+    from cadence.parallel.compile import is_compiled
+
+    plain, _ = run(tmp_path / "plain", lora_model(dropout=0.0))
+    model = lora_model(dropout=0.0)
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    wrapped, trainer = run(tmp_path / "wrapped", model, algorithms=[ActivationCheckpointing()],
+                           compile_config={"backend": "aot_eager"})
+    blocks = [m for m in trainer.state.model.modules() if type(m).__name__ == "GPT2Block"]
+    assert blocks and all(is_checkpointed(b) or is_compiled(b) for b in blocks)
+    assert any(is_checkpointed(m) for m in trainer.state.model.modules())
+    assert any(is_compiled(m) for m in trainer.state.model.modules())
+    for step, loss in plain.items():
+        assert abs(wrapped[step] - loss) < 1e-5, (step, wrapped[step], loss)
+    assert wrapped[8] < wrapped[1]  # the adapters learned
+    for name, param in model.named_parameters():
+        if name in frozen:
+            assert torch.equal(param, frozen[name]), name
+
+
+def test_lora_with_ema_and_clipping_touches_only_the_adapters(tmp_path: Path) -> None:
+    """EMA averages (and checkpoints) the adapters only; clipping sees their gradients only;
+    the base is bit-identical after the EMA swaps its weights in for evaluation and back."""
+    from cadence.algorithms import EMA, GradientClipping
+
+    model = lora_model()
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    ema = EMA(half_life="2ba")
+    run(tmp_path, model, algorithms=[ema, GradientClipping("norm", 1e-3)])
+    averaged = set(ema.state_dict()["shadow"])  # trainable parameters and float buffers
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable <= averaged and not averaged & set(frozen), sorted(averaged & set(frozen))
+    for name, param in model.named_parameters():
+        if name in frozen:
+            assert torch.equal(param, frozen[name]), name
