@@ -41,6 +41,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 
 from cadence.utils import dist
 from cadence.config.parallelism import FSDPConfig
+from cadence.parallel.param_init import shared_parameters
 
 __all__ = ["FSDPUnit", "apply_fsdp", "plan_fsdp_units", "mixed_precision_policy",
            "reshard_after_forward_for", "is_norm_module", "norm_mixed_precision_policy"]
@@ -160,6 +161,16 @@ def plan_fsdp_units(model: nn.Module, config: FSDPConfig) -> list[FSDPUnit]:
             )
     units: list[FSDPUnit] = []
     unit_param_ids: set[int] = set()
+    tied = {id(module._parameters[attr]): [m for m, _ in group]
+            for group in shared_parameters(model) for module, attr in group[:1]}
+
+    def tied_outside(module: nn.Module) -> bool:
+        """Whether a parameter of ``module`` is also held by a module outside it (a tied
+        embedding and output layer): FSDP2 allows one group per parameter, so ``module``
+        stays in its parent's group (the root's) with its other holder."""
+        inside = {id(m) for m in module.modules()}
+        return any(id(holder) not in inside for p in module.parameters()
+                   for holder in tied.get(id(p), ()))
 
     def visit(name: str, module: nn.Module) -> None:
         for child_name, child in module.named_children():
@@ -171,6 +182,11 @@ def plan_fsdp_units(model: nn.Module, config: FSDPConfig) -> list[FSDPUnit]:
             free = sum(p.numel() for p in module.parameters() if id(p) not in unit_param_ids)
             decision = free >= config.min_num_params
         if not decision:
+            return
+        if tied_outside(module):
+            log.info("FSDP2: %s (%s) is not a unit of its own: a parameter of it is tied to a "
+                     "module outside it, so it is sharded with its parent.", name,
+                     type(module).__name__)
             return
         kwargs = dict(decision) if isinstance(decision, dict) else {}
         unknown = set(kwargs) - _FULLY_SHARD_KWARGS
