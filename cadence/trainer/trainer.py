@@ -616,6 +616,9 @@ class Trainer:
             state.batch = spec.device_transforms(batch_to_device(batch, state.device))
             host_tokens = self._num_tokens(spec, batch, state.batch)  # the model's: host copy
             shapes = tensor_shapes(state.batch)
+            # the timestamp counts the samples loaded, before an algorithm prunes the batch
+            # (SelectiveBackprop), as Composer does: an epoch is its loader's samples
+            self._batch_samples = int(spec.get_num_samples_in_batch(state.batch))
             self.engine.run_event(Event.AFTER_DATALOADER)
             # an algorithm that reshaped the batch (SeqLengthWarmup, SelectiveBackprop) changed
             # its real tokens: recount the device batch then only (a sync only with a mask)
@@ -644,8 +647,8 @@ class Trainer:
             self._optimizer_step()
         world = self._dp_size  # ranks with their own samples (a TP group shares one batch)
         state.previous_timestamp = state.timestamp
-        state.timestamp = state.timestamp.to_next_batch(batch_size * world, num_tokens * world,
-                                                        self._wall_clock_lap())
+        state.timestamp = state.timestamp.to_next_batch(
+            self._batch_samples * world, num_tokens * world, self._wall_clock_lap())
         self._step_schedulers(every_batch=True)
         step = int(state.timestamp.batch)
         if step == 1 or step % self.log_interval.value == 0 or self._training_done():

@@ -84,7 +84,7 @@ def test_trainer_trains_on_the_kept_samples() -> None:
     batches = Batches()
     run_trainer(tiny_gpt(), [_algorithm()], steps=12, callbacks=[batches])
     assert batches.sizes == [4, 8] * 6  # every second batch (interrupt=2) whole
-    assert batches.samples[:4] == [4, 12, 16, 24]
+    assert batches.samples[:4] == [8, 16, 24, 32]  # the loader's samples (Composer's count)
     assert batches.tokens[-1] == 16 * 6 * 12
     assert batches.losses[-1] < batches.losses[1] - 0.3
 
@@ -98,21 +98,22 @@ def test_default_keys_on_a_dict_batch_say_what_to_pass() -> None:
         SelectiveBackprop(start=0.9, end=0.5)
 
 
-def test_resume_mid_selection_is_exact(tmp_path: Path) -> None:
-    # resumed at the epoch boundary: cadence's elastic-resume check reads the global batch
-    # from the samples consumed in the epoch, which pruned batches make smaller
+@pytest.mark.parametrize("at", [3, 4], ids=["mid-epoch", "epoch-boundary"])
+def test_resume_mid_selection_is_exact(tmp_path: Path, at: int) -> None:
+    # mid-epoch too: the timestamp counts the loader's samples, so the elastic-resume check
+    # reads the checkpoint's global batch from them although the trained batches were pruned
     def trainer(**kwargs: Any) -> Any:
         return run_trainer(tiny_gpt(dropout=0.1), [_algorithm(start=0.25)], steps=8, fit=False,
-                           save_folder=str(tmp_path), run_name="sb", save_interval="1ep",
+                           save_folder=str(tmp_path), run_name="sb", save_interval="1ba",
                            **kwargs)
 
     straight = trainer()
     straight.fit()
     batches = Batches()
-    resumed = trainer(load_path=str(next(tmp_path.glob("*-ba4-*.pt"))), save_overwrite=True,
-                      callbacks=[batches])
+    resumed = trainer(load_path=str(next(tmp_path.glob(f"*-ba{at}-*.pt"))),
+                      save_overwrite=True, callbacks=[batches])
     resumed.fit()
-    assert batches.sizes == [4, 8, 4, 8]  # selection goes on after the resume
+    assert batches.sizes == [8, 4, 8, 4, 8][-(8 - at):]  # batches 4-8: selection goes on
     assert int(resumed.state.timestamp.sample) == int(straight.state.timestamp.sample)
     for (name, a), b in zip(straight.state.model.named_parameters(),
                             resumed.state.model.parameters()):
