@@ -59,16 +59,16 @@ def _swap_position_embeddings(model: nn.Module, policies: Sequence[AlibiPolicy],
         for policy in policies:
             if not isinstance(owner, policy.embeddings):
                 continue
+            rows = max_sequence_length + policy.extra_positions(owner)
             old = getattr(owner, policy.position_embedding)
-            if not isinstance(old, ZeroPositionEmbedding) or \
-                    old.num_embeddings != max_sequence_length:
-                swaps[old] = ZeroPositionEmbedding(max_sequence_length, old.embedding_dim,
+            if not isinstance(old, ZeroPositionEmbedding) or old.num_embeddings != rows:
+                swaps[old] = ZeroPositionEmbedding(rows, old.embedding_dim,
                                                    dtype=old.weight.dtype)
             for name in policy.position_buffers:
-                resize_positions_buffer(owner, name, max_sequence_length)
+                resize_positions_buffer(owner, name, rows)
             config = getattr(owner, "config", None)
             if config is not None and hasattr(config, "max_position_embeddings"):
-                config.max_position_embeddings = max_sequence_length
+                config.max_position_embeddings = rows
     if swaps:
         module_surgery.replace_module_classes(
             model, {nn.Embedding: lambda module, index: swaps.get(module)}, optimizers)
@@ -84,7 +84,7 @@ def apply_alibi(
     removed.
 
     Every self-attention module of a supported family (Hugging Face ``GPT2Attention``,
-    ``BertSelfAttention``; :data:`~cadence.algorithms.alibi_attention.policy_registry`) is
+    ``BertSelfAttention``, ``RobertaSelfAttention``; :data:`~cadence.algorithms.alibi_attention.policy_registry`) is
     replaced by its ALiBi form, which shares its parameters and adds ``-m_h * (i - j)``
     (causal) or ``-m_h * |i - j|`` (BERT) to head ``h``'s logits, with slopes
     ``m_h = 2 ** (-8 h / H)``. The position embedding (GPT-2's ``wpe``, BERT's

@@ -1,5 +1,5 @@
 """ALiBi's linear attention biases and the per-model policies that
-:func:`~cadence.algorithms.apply_alibi` uses (Hugging Face GPT-2 and BERT).
+:func:`~cadence.algorithms.apply_alibi` uses (Hugging Face GPT-2, BERT and RoBERTa).
 
 ALiBi (Press et al., "Train Short, Test Long: Attention with Linear Biases Enables Input
 Length Extrapolation", ICLR 2022) adds no position embedding; instead, head ``h`` of ``H``
@@ -12,7 +12,8 @@ BERT surgery and the paper's authors' encoder recipe.
 How the bias reaches the attention: ``transformers`` (5.x) computes attention in one
 dispatched function (``eager`` or ``sdpa``, ``config._attn_implementation``) that adds the
 ``attention_mask`` it is given to the logits. The converted attention modules
-(:class:`GPT2AlibiAttention`, :class:`BertAlibiSelfAttention`) turn that mask (``None``, a
+(:class:`GPT2AlibiAttention`, :class:`BertAlibiSelfAttention`,
+:class:`RobertaAlibiSelfAttention`) turn that mask (``None``, a
 boolean or an additive one) into one additive float mask ``[batch or 1, H, q_len, k_len]``
 holding the ALiBi bias where attention is allowed and the dtype's minimum where it is not,
 then run the original forward: projections, cache and output stay transformers' own code.
@@ -25,7 +26,7 @@ zeros), so no position information enters but through the bias.
 Source: Press et al. 2022 (above); the reference implementation
 https://github.com/ofirpress/attention_with_linear_biases (slopes for any number of heads);
 Composer's ``composer/algorithms/alibi/attention_surgery_functions`` (which modules change:
-GPT-2 and BERT attention, position embeddings zeroed, frozen and resized).
+GPT-2, BERT and RoBERTa attention, position embeddings zeroed, frozen and resized).
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ import torch
 from torch import nn
 from transformers.models.bert.modeling_bert import BertEmbeddings, BertSelfAttention
 from transformers.models.gpt2.modeling_gpt2 import GPT2Attention, GPT2Model
+from transformers.models.roberta.modeling_roberta import RobertaEmbeddings, RobertaSelfAttention
 
 __all__ = [
-    "AlibiPolicy", "BertAlibiSelfAttention", "GPT2AlibiAttention", "SUPPORTED_ATTENTION",
+    "AlibiPolicy", "BertAlibiSelfAttention", "GPT2AlibiAttention", "RobertaAlibiSelfAttention",
+    "SUPPORTED_ATTENTION",
     "ZeroPositionEmbedding", "alibi_attention_mask", "alibi_bias", "get_alibi_head_slopes",
     "resize_positions_buffer",
     "policy_registry",
@@ -183,6 +186,17 @@ class BertAlibiSelfAttention(_AlibiMixin, BertSelfAttention):
         return bool(self.is_causal)
 
 
+class RobertaAlibiSelfAttention(_AlibiMixin, RobertaSelfAttention):
+    """``RobertaSelfAttention`` with ALiBi's bias, as :class:`BertAlibiSelfAttention`."""
+
+    _parent = RobertaSelfAttention
+    alibi_heads: int
+
+    @property
+    def _causal(self) -> bool:  # type: ignore[override]
+        return bool(self.is_causal)
+
+
 def _retyped(module: nn.Module, cls: type[nn.Module], **attributes: Any) -> nn.Module:
     """A new ``cls`` instance holding ``module``'s parameters, buffers and submodules (the
     same tensors), with ``attributes`` set: its state-dict keys are unchanged."""
@@ -214,13 +228,16 @@ def to_gpt2_alibi_attention(module: nn.Module, module_index: int) -> nn.Module |
 
 
 def to_bert_alibi_self_attention(module: nn.Module, module_index: int) -> nn.Module | None:
-    """:data:`~cadence.utils.module_surgery.ReplacementFunction` for ``BertSelfAttention``."""
+    """:data:`~cadence.utils.module_surgery.ReplacementFunction` for ``BertSelfAttention``
+    and ``RobertaSelfAttention`` (the same layout): the matching ALiBi class."""
     del module_index
-    assert isinstance(module, BertSelfAttention)
-    if isinstance(module, BertAlibiSelfAttention):
+    alibi_cls = (RobertaAlibiSelfAttention if isinstance(module, RobertaSelfAttention)
+                 else BertAlibiSelfAttention)
+    assert isinstance(module, alibi_cls._parent)
+    if isinstance(module, alibi_cls):
         return None
     _check_attention_implementation(module)
-    return _retyped(module, BertAlibiSelfAttention, alibi_heads=int(module.num_attention_heads))
+    return _retyped(module, alibi_cls, alibi_heads=int(module.num_attention_heads))
 
 
 class ZeroPositionEmbedding(nn.Embedding):
@@ -278,6 +295,8 @@ class AlibiPolicy:
         embeddings: the class that holds the position embedding.
         position_embedding: the attribute of ``embeddings`` holding it (an ``nn.Embedding``).
         position_buffers: buffers of ``embeddings`` sized by positions, resized too.
+        extra_positions: position rows needed beyond ``max_sequence_length`` (RoBERTa's
+            position ids start after its ``padding_idx``: ``padding_idx + 1``).
     """
 
     attention: type[nn.Module]
@@ -285,6 +304,7 @@ class AlibiPolicy:
     embeddings: type[nn.Module]
     position_embedding: str
     position_buffers: tuple[str, ...] = ()
+    extra_positions: Callable[[nn.Module], int] = lambda embeddings: 0
 
 
 #: the model families :func:`~cadence.algorithms.apply_alibi` knows; append an
@@ -293,4 +313,7 @@ policy_registry: list[AlibiPolicy] = [
     AlibiPolicy(GPT2Attention, to_gpt2_alibi_attention, GPT2Model, "wpe"),
     AlibiPolicy(BertSelfAttention, to_bert_alibi_self_attention, BertEmbeddings,
                 "position_embeddings", ("position_ids", "token_type_ids")),
+    AlibiPolicy(RobertaSelfAttention, to_bert_alibi_self_attention, RobertaEmbeddings,
+                "position_embeddings", ("position_ids", "token_type_ids"),
+                lambda embeddings: int(embeddings.padding_idx) + 1),
 ]

@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import BertConfig, BertForMaskedLM
+from transformers import BertConfig, BertForMaskedLM, RobertaConfig, RobertaForMaskedLM
 
 from cadence import Callback, State, dist
 from cadence.algorithms import Alibi, apply_alibi
 from cadence.algorithms.alibi_attention import (
     BertAlibiSelfAttention,
     GPT2AlibiAttention,
+    RobertaAlibiSelfAttention,
     ZeroPositionEmbedding,
     get_alibi_head_slopes,
 )
@@ -63,6 +64,32 @@ def _bert(attn: str = "eager") -> HuggingFaceModel:
                         num_attention_heads=4, intermediate_size=64, max_position_embeddings=SEQ,
                         attn_implementation=attn)
     return HuggingFaceModel(BertForMaskedLM(config))
+
+
+def _roberta(attn: str = "eager") -> HuggingFaceModel:
+    torch.manual_seed(0)
+    # RoBERTa's positions start after padding_idx (1): SEQ tokens need SEQ + 2 rows
+    config = RobertaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                           num_attention_heads=4, intermediate_size=64, pad_token_id=1,
+                           max_position_embeddings=SEQ + 2, attn_implementation=attn)
+    return HuggingFaceModel(RobertaForMaskedLM(config))
+
+
+def test_roberta_gets_bert_style_alibi_and_runs_beyond_its_positions() -> None:
+    model = _roberta("sdpa")
+    apply_alibi(model, max_sequence_length=3 * SEQ)
+    model.eval()
+    inner = model.model.roberta
+    assert all(isinstance(layer.attention.self, RobertaAlibiSelfAttention)
+               for layer in inner.encoder.layer)
+    assert isinstance(inner.embeddings.position_embeddings, ZeroPositionEmbedding)
+    ids = torch.randint(2, VOCAB, (2, 3 * SEQ))  # 3x its position table; no padding id
+    logits = model({"input_ids": ids, "attention_mask": torch.ones_like(ids)}).logits
+    assert logits.shape == (2, 3 * SEQ, VOCAB) and torch.isfinite(logits).all()
+    eager = _roberta("eager")
+    apply_alibi(eager, max_sequence_length=3 * SEQ)
+    eager.eval()
+    torch.testing.assert_close(eager({"input_ids": ids}).logits, logits, atol=1e-5, rtol=1e-4)
 
 
 def test_gpt2_attention_logits_carry_the_papers_bias() -> None:
