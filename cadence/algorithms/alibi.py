@@ -84,7 +84,8 @@ def apply_alibi(
     removed.
 
     Every self-attention module of a supported family (Hugging Face ``GPT2Attention``,
-    ``BertSelfAttention``, ``RobertaSelfAttention``; :data:`~cadence.algorithms.alibi_attention.policy_registry`) is
+    ``BertSelfAttention``, ``RobertaSelfAttention``;
+    :data:`~cadence.algorithms.alibi_attention.policy_registry`) is
     replaced by its ALiBi form, which shares its parameters and adds ``-m_h * (i - j)``
     (causal) or ``-m_h * |i - j|`` (BERT) to head ``h``'s logits, with slopes
     ``m_h = 2 ** (-8 h / H)``. The position embedding (GPT-2's ``wpe``, BERT's
