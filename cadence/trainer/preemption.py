@@ -235,12 +235,12 @@ class Preemption:
         Raises:
             Preempted: always, once the checkpoint is complete and the Trainer closed.
         """
-        from cadence.callbacks.checkpoint_saver import CheckpointSaver
+        from cadence.trainer.checkpointing import run_saver
         from cadence.utils import dist
 
         assert self.signum is not None
         started = time.monotonic()
-        saver = next((c for c in state.callbacks if isinstance(c, CheckpointSaver)), None)
+        saver = run_saver(state.callbacks)
         checkpoint: Optional[str] = None
         if saver is None:
             log.warning("Preempted at batch %d without a save_folder: no checkpoint.",
@@ -308,9 +308,9 @@ def _remove_temporaries(state: State) -> None:
 
     if state.save_folder is None or dist.get_global_rank() != 0:
         return
-    from cadence.callbacks.checkpoint_saver import CheckpointSaver
+    from cadence.trainer.checkpointing import run_saver
 
-    saver = next((c for c in state.callbacks if isinstance(c, CheckpointSaver)), None)
+    saver = run_saver(state.callbacks)
     latest = (saver.latest_filename if saver else "latest-{run_name}").format(
         run_name=state.run_name)
     for path in remove_stale_temporaries(Path(state.save_folder), state.run_name, latest):
