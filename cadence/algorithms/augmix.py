@@ -47,7 +47,8 @@ def augmix_image(img: ImgT, severity: int = 3, depth: int = -1, width: int = 3,
     Returns:
         The same type, size and mode.
     """
-    from cadence.utils.augmentation_primitives import augmentation_sets, map_pillow_function
+    from cadence.algorithms.utils.augmentation_common import map_pillow_function
+    from cadence.algorithms.utils.augmentation_primitives import augmentation_sets
 
     augmentations = augmentation_sets["all"] if augmentation_set is None else augmentation_set
 
@@ -72,7 +73,7 @@ def augmix_image(img: ImgT, severity: int = 3, depth: int = -1, width: int = 3,
 
 def _check_args(severity: Any, depth: Any, width: Any, alpha: Any, augmentation_set: str,
                 owner: str) -> int:
-    from cadence.utils.augmentation_primitives import check_augmentation_set, check_severity
+    from cadence.algorithms.utils.augmentation_primitives import check_augmentation_set, check_severity
 
     check_augmentation_set(augmentation_set, owner)
     if isinstance(depth, bool) or not isinstance(depth, int):
@@ -103,7 +104,7 @@ class AugmentAndMixTransform(torch.nn.Module):
     def __init__(self, severity: int = 3, depth: int = -1, width: int = 3, alpha: float = 1.0,
                  augmentation_set: str = "all") -> None:
         super().__init__()
-        from cadence.utils.augmentation_primitives import augmentation_sets
+        from cadence.algorithms.utils.augmentation_primitives import augmentation_sets
 
         self.severity = _check_args(severity, depth, width, alpha, augmentation_set,
                                     "AugmentAndMixTransform")

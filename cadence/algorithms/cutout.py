@@ -48,7 +48,7 @@ def cutout_batch(input: ImgT, num_holes: int = 1, length: float = 0.5,
     """
     _check_args(num_holes, length, "cutout_batch")
     if not isinstance(input, torch.Tensor):
-        from cadence.utils.augmentation_primitives import image_as_type
+        from cadence.algorithms.utils.augmentation_common import image_as_type
 
         return image_as_type(cutout_batch(image_as_type(input, torch.Tensor), num_holes,
                                           length, uniform_sampling), type(input))

@@ -5,7 +5,7 @@ search space", NeurIPS 2020 (``depth`` is the paper's N, ``severity`` its M); Mo
 Composer's ``RandAugment`` / ``RandAugmentTransform`` / ``randaugment_image``
 (``composer/algorithms/randaugment/randaugment.py``): same arguments, defaults, sets and
 event (``FIT_START``, adding the transform to the train dataset). The augmentations are
-:mod:`cadence.utils.augmentation_primitives` (Pillow); no torchvision is needed.
+:mod:`cadence.algorithms.utils.augmentation_primitives` (Pillow); no torchvision is needed.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def randaugment_image(img: ImgT, severity: int = 9, depth: int = 2,
         The same type, size and mode (tensors come back float in ``[0, 1]``, quantized to
         8 bits by the trip through ``PIL``).
     """
-    from cadence.utils.augmentation_primitives import augmentation_sets, map_pillow_function
+    from cadence.algorithms.utils.augmentation_common import map_pillow_function
+    from cadence.algorithms.utils.augmentation_primitives import augmentation_sets
 
     augmentations = augmentation_sets["all"] if augmentation_set is None else augmentation_set
 
@@ -66,7 +67,7 @@ class RandAugmentTransform(torch.nn.Module):
         severity: intensity in ``[0, 10]``; default 9.
         depth: augmentations per image; default 2.
         augmentation_set: ``'all'`` (default), ``'safe'`` or ``'original'`` (see
-            :data:`~cadence.utils.augmentation_primitives.augmentation_sets`).
+            :data:`~cadence.algorithms.utils.augmentation_primitives.augmentation_sets`).
 
     Raises:
         ValueError: ``severity`` outside ``[0, 10]`` or a negative ``depth``.
@@ -75,7 +76,7 @@ class RandAugmentTransform(torch.nn.Module):
 
     def __init__(self, severity: int = 9, depth: int = 2, augmentation_set: str = "all") -> None:
         super().__init__()
-        from cadence.utils.augmentation_primitives import check_augmentation_set, check_severity
+        from cadence.algorithms.utils.augmentation_primitives import check_augmentation_set, check_severity
 
         self.severity = check_severity(severity, "RandAugmentTransform")
         self.depth = _check_depth(depth, "RandAugmentTransform")
@@ -118,7 +119,7 @@ class RandAugment(Algorithm):
     events = frozenset({Event.FIT_START})
 
     def __init__(self, severity: int = 9, depth: int = 2, augmentation_set: str = "all") -> None:
-        from cadence.utils.augmentation_primitives import check_augmentation_set, check_severity
+        from cadence.algorithms.utils.augmentation_primitives import check_augmentation_set, check_severity
 
         self.severity = check_severity(severity, "RandAugment")
         self.depth = _check_depth(depth, "RandAugment")

@@ -6,8 +6,7 @@ Submodules: :mod:`~cadence.utils.dist` (distributed helpers, also ``cadence.dist
 :mod:`~cadence.utils.precision`, :mod:`~cadence.utils.flops`,
 :mod:`~cadence.utils.checkpoint` (Composer's ``save_checkpoint`` / ``load_checkpoint``),
 :mod:`~cadence.utils.module_surgery` (``replace_module_classes``),
-:mod:`~cadence.utils.inference` (``export_for_inference``: TorchScript / ONNX),
-:mod:`~cadence.utils.augmentation_primitives` (PIL image augmentations). Names are
+:mod:`~cadence.utils.inference` (``export_for_inference``: TorchScript / ONNX). Names are
 imported on first use (:mod:`cadence._lazy`).
 """
 

@@ -9,7 +9,7 @@ import torch
 
 from cadence.algorithms import AugmentAndMixTransform, AugMix
 from cadence.functional import augmix_image
-from cadence.utils.augmentation_primitives import augmentation_sets, autocontrast, rotate
+from cadence.algorithms.utils.augmentation_primitives import augmentation_sets, autocontrast, rotate
 from tests.algorithms.vision_helpers import (
     assert_dataset_transform_added_and_loss_falls,
     random_pil_image,

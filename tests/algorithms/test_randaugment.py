@@ -9,7 +9,7 @@ import torch
 
 from cadence.algorithms import RandAugment, RandAugmentTransform
 from cadence.functional import randaugment_image
-from cadence.utils.augmentation_primitives import augmentation_sets, rotate, solarize
+from cadence.algorithms.utils.augmentation_primitives import augmentation_sets, rotate, solarize
 from tests.algorithms.vision_helpers import (
     PILBrightestChannel,
     ToTensor,

@@ -193,7 +193,7 @@ class ToTensor:
     ``ToTensor`` so that ``add_vision_dataset_transform`` inserts ``PIL`` transforms before it."""
 
     def __call__(self, image: Any) -> torch.Tensor:
-        from cadence.utils.augmentation_primitives import image_as_type
+        from cadence.algorithms.utils.augmentation_common import image_as_type
 
         return image_as_type(image, torch.Tensor)
 

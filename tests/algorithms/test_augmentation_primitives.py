@@ -14,7 +14,8 @@ pytest.importorskip("PIL")
 import PIL.Image  # noqa: E402
 
 from cadence.utils import add_vision_dataset_transform  # noqa: E402
-from cadence.utils import augmentation_primitives as ap  # noqa: E402
+from cadence.algorithms.utils import augmentation_common as common  # noqa: E402
+from cadence.algorithms.utils import augmentation_primitives as ap  # noqa: E402
 
 ALL_OPS = sorted({op for ops in ap.augmentation_sets.values() for op in ops},
                  key=lambda op: op.__name__)
@@ -72,23 +73,23 @@ def test_augmentation_sets() -> None:
 
 def test_image_as_type_round_trip_is_exact_on_8_bit_values() -> None:
     tensor = torch.randint(0, 256, (3, 5, 7)).float() / 255
-    image = ap.image_as_type(tensor, PIL.Image.Image)
+    image = common.image_as_type(tensor, PIL.Image.Image)
     assert image.mode == "RGB" and image.size == (7, 5)
-    assert torch.equal(ap.image_as_type(image, torch.Tensor), tensor)
-    gray = ap.image_as_type(torch.rand(5, 7), PIL.Image.Image)
-    assert gray.mode == "L" and ap.image_as_type(gray, torch.Tensor).shape == (1, 5, 7)
+    assert torch.equal(common.image_as_type(image, torch.Tensor), tensor)
+    gray = common.image_as_type(torch.rand(5, 7), PIL.Image.Image)
+    assert gray.mode == "L" and common.image_as_type(gray, torch.Tensor).shape == (1, 5, 7)
     with pytest.raises(ValueError, match="C in 1, 3, 4"):
-        ap.image_as_type(torch.rand(2, 5, 7), PIL.Image.Image)
+        common.image_as_type(torch.rand(2, 5, 7), PIL.Image.Image)
     with pytest.raises(TypeError, match="typ must be"):
-        ap.image_as_type(tensor, np.ndarray)
+        common.image_as_type(tensor, np.ndarray)
 
 
 def test_map_pillow_function_keeps_layout() -> None:
     flip = lambda image: image.transpose(PIL.Image.Transpose.FLIP_LEFT_RIGHT)  # noqa: E731
     batch = torch.randint(0, 256, (2, 3, 4, 6)).float() / 255
-    assert torch.equal(ap.map_pillow_function(flip, batch), batch.flip(-1))
-    assert torch.equal(ap.map_pillow_function(flip, batch[0]), batch[0].flip(-1))
-    out = ap.map_pillow_function(flip, _image())
+    assert torch.equal(common.map_pillow_function(flip, batch), batch.flip(-1))
+    assert torch.equal(common.map_pillow_function(flip, batch[0]), batch[0].flip(-1))
+    out = common.map_pillow_function(flip, _image())
     assert isinstance(out, PIL.Image.Image)
 
 
