@@ -71,14 +71,13 @@ def run(folder: Path, model: HuggingFaceModel, stop_at: Optional[int] = None,
         max_duration: str = "8ba", tp_plan: Optional[dict[str, str]] = None,
         **trainer_kwargs: Any) -> tuple[dict[int, float], Trainer]:
     data = Counting()
-    data_parallel = 1 if tp_plan else dist.get_world_size()  # a TP pair shares its batch
-    loader = DataLoader(data, batch_size=GLOBAL_BATCH // data_parallel,
+    tp = 2 if tp_plan else 1  # a TP pair shares its batch
+    loader = DataLoader(data, batch_size=GLOBAL_BATCH * tp // dist.get_world_size(),
                         sampler=dist.get_sampler(data, shuffle=True, seed=3, drop_last=True))
-    parallelism = {"fsdp": {"state_dict_type": fmt}} if fsdp else None
-    parallelism = trainer_kwargs.pop("parallelism_config", parallelism)
+    parallelism: Any = {"fsdp": {"state_dict_type": fmt}} if fsdp else {}
     if tp_plan:
-        parallelism = {"tp": {"tensor_parallel_degree": dist.get_world_size(),
-                              "layer_plan": tp_plan}}
+        parallelism["tp"] = {"tensor_parallel_degree": tp, "layer_plan": tp_plan}
+    parallelism = trainer_kwargs.pop("parallelism_config", parallelism or None)
     memory = InMemoryLogger()
     trainer = Trainer(
         model=model, train_dataloader=loader, max_duration=max_duration, seed=11,
@@ -265,29 +264,33 @@ MLP_PLAN = {"model.base_model.model.transformer.h.*.mlp.c_fc": "colwise",
             "model.base_model.model.transformer.h.*.mlp.c_proj": "rowwise"}
 
 
-def _tp_two_ranks(folder: str) -> None:
+def _tp_ranks(folder: str, fsdp: bool) -> None:
     from torch.distributed.tensor import DTensor
 
     model = lora_model(dropout=0.0)
-    losses, _ = run(Path(folder) / "tp", model, tp_plan=MLP_PLAN)
+    losses, _ = run(Path(folder) / "tp", model, tp_plan=MLP_PLAN, fsdp=fsdp)
     c_fc = dict(model.named_parameters())["model.base_model.model.transformer.h.0.mlp.c_fc.weight"]
-    assert isinstance(c_fc, DTensor) and c_fc.to_local().shape[1] * 2 == c_fc.shape[1]
+    assert isinstance(c_fc, DTensor)
+    assert c_fc.to_local().numel() * dist.get_world_size() == c_fc.numel()  # split over all
     if dist.get_global_rank() == 0:
         (Path(folder) / "tp_losses.json").write_text(json.dumps(losses))
 
 
 @pytest.mark.slow
-def test_lora_with_tensor_parallel_mlp_matches_one_process(tmp_path: Path) -> None:
-    """Tensor parallelism where peft's layers allow it: the MLP split over 2 ranks, LoRA on
-    the attention (replicated); the loss curve is the one process's (float tolerance)."""
+@pytest.mark.parametrize("ranks,fsdp", [(2, False), (4, True)], ids=["tp2", "fsdp2xtp2"])
+def test_lora_with_tensor_parallel_mlp_matches_one_process(tmp_path: Path, ranks: int,
+                                                           fsdp: bool) -> None:
+    """Tensor parallelism where peft's layers allow it: the MLP split over a TP pair (under
+    FSDP2 on 2 x 2 ranks too), LoRA on the attention; the loss curve is the one process's
+    (float tolerance)."""
     from tests.common.distributed import run_in_processes
 
-    run_in_processes(2, __file__, "_tp_two_ranks", {"folder": str(tmp_path)})
-    two = json.loads((tmp_path / "tp_losses.json").read_text())
+    run_in_processes(ranks, __file__, "_tp_ranks", {"folder": str(tmp_path), "fsdp": fsdp})
+    many = json.loads((tmp_path / "tp_losses.json").read_text())
     one, _ = run(tmp_path / "one", lora_model(dropout=0.0))
     assert len(one) == 8
     for step, loss in one.items():
-        assert abs(two[str(step)] - loss) < 1e-5, (step, two[str(step)], loss)
+        assert abs(many[str(step)] - loss) < 1e-5, (step, many[str(step)], loss)
 
 
 # Dynamo reads `.grad` of non-leaf activations while tracing (see tests/parallel/test_compile.py)
