@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="grid of full and child_tuning_D (child_tuning.py chose 4e-4 "
                              "for both on its wider grid)")
     parser.add_argument("--lora-lrs", type=float, nargs="+",
-                        default=[8e-4, 1.6e-3, 3.2e-3, 6.4e-3], help="LoRA's grid")
+                        default=[8e-4, 1.6e-3, 3.2e-3, 6.4e-3, 1.28e-2], help="LoRA's grid")
     parser.add_argument("--grid-seeds", type=int, nargs="*", default=[101])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--epochs", type=int, default=3)
