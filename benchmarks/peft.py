@@ -145,7 +145,8 @@ def grid_of(args: argparse.Namespace, method: str) -> list[float]:
 def grid_table(args: argparse.Namespace, grid: list[dict[str, Any]]) -> tuple[dict[str, float],
                                                                              str]:
     """Each method's learning rate with the best mean dev accuracy, and the grid lines."""
-    chosen, lines = {}, ["| method | mean dev accuracy by learning rate | chosen |", "|---|---|---|"]
+    chosen: dict[str, float] = {}
+    lines = ["| method | mean dev accuracy by learning rate | chosen |", "|---|---|---|"]
     for method in args.methods:
         lrs = grid_of(args, method)
         means = {lr: statistics.mean(r["dev"] for r in grid

@@ -73,7 +73,9 @@ def augmix_image(img: ImgT, severity: int = 3, depth: int = -1, width: int = 3,
 
 def _check_args(severity: Any, depth: Any, width: Any, alpha: Any, augmentation_set: str,
                 owner: str) -> int:
-    from cadence.algorithms.utils.augmentation_primitives import check_augmentation_set, check_severity
+    from cadence.algorithms.utils.augmentation_primitives import (
+        check_augmentation_set, check_severity,
+    )
 
     check_augmentation_set(augmentation_set, owner)
     if isinstance(depth, bool) or not isinstance(depth, int):

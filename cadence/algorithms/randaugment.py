@@ -76,7 +76,9 @@ class RandAugmentTransform(torch.nn.Module):
 
     def __init__(self, severity: int = 9, depth: int = 2, augmentation_set: str = "all") -> None:
         super().__init__()
-        from cadence.algorithms.utils.augmentation_primitives import check_augmentation_set, check_severity
+        from cadence.algorithms.utils.augmentation_primitives import (
+        check_augmentation_set, check_severity,
+    )
 
         self.severity = check_severity(severity, "RandAugmentTransform")
         self.depth = _check_depth(depth, "RandAugmentTransform")
@@ -119,7 +121,9 @@ class RandAugment(Algorithm):
     events = frozenset({Event.FIT_START})
 
     def __init__(self, severity: int = 9, depth: int = 2, augmentation_set: str = "all") -> None:
-        from cadence.algorithms.utils.augmentation_primitives import check_augmentation_set, check_severity
+        from cadence.algorithms.utils.augmentation_primitives import (
+        check_augmentation_set, check_severity,
+    )
 
         self.severity = check_severity(severity, "RandAugment")
         self.depth = _check_depth(depth, "RandAugment")
