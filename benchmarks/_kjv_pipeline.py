@@ -1,4 +1,4 @@
-"""The KJV pipeline of ``benchmarks/peft.py``: pretrain the quickstart GPT on Shakespeare,
+"""The KJV pipeline of ``benchmarks/peft_methods.py``: pretrain the quickstart GPT on Shakespeare,
 export it, LoRA-fine-tune it on King James verse pairs, export the adapter and the merged
 model, and measure what changed.
 

@@ -1,4 +1,4 @@
-"""``benchmarks/peft.py`` end to end at a tiny size: the three MiniLM methods, each in its own
+"""``benchmarks/peft_methods.py`` end to end at a tiny size: the three MiniLM methods, each in its own
 process, with their trainable parameters and checkpoint sizes; and the KJV pipeline's five
 commands, the perplexities and the samples (no accuracy or perplexity asserted: a few batches
 train nothing)."""
@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("peft")
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "peft.py"
+SCRIPT = ROOT / "benchmarks" / "peft_methods.py"
 
 
 @pytest.mark.slow

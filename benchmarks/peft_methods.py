@@ -22,10 +22,10 @@ checkpoint written after fit (``full`` format, optimizer state included; LoRA ad
 
 ::
 
-    python benchmarks/peft.py                                  # both parts (~60 min, 2 cores)
-    python benchmarks/peft.py --part minilm --cache runs/peft.jsonl
-    python benchmarks/peft.py --part kjv --kjv-dir runs/bench-kjv
-    python benchmarks/peft.py --part minilm --grid-seeds --seeds 1 --epochs 1  # quick look
+    python benchmarks/peft_methods.py                                  # both parts (~60 min, 2 cores)
+    python benchmarks/peft_methods.py --part minilm --cache runs/peft.jsonl
+    python benchmarks/peft_methods.py --part kjv --kjv-dir runs/bench-kjv
+    python benchmarks/peft_methods.py --part minilm --grid-seeds --seeds 1 --epochs 1  # quick look
 """
 
 from __future__ import annotations
@@ -44,9 +44,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-# Python puts this script's folder first on sys.path, where this file would shadow the
-# ``peft`` package: take it out, and load the sibling modules as ``benchmarks.*``.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+# Not named peft.py: the other scripts put this folder on sys.path (and processes spawned
+# from one inherit it), where such a file would shadow the ``peft`` package.
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
