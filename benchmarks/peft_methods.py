@@ -47,11 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Not named peft.py: the other scripts put this folder on sys.path (and processes spawned
 # from one inherit it), where such a file would shadow the ``peft`` package.
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("MKL_DYNAMIC", "FALSE")
-os.environ.setdefault("OMP_DYNAMIC", "FALSE")
 
+# child_tuning sets the environment (offline hub, fixed thread counts) before torch loads
 from benchmarks import _kjv_pipeline, child_tuning  # noqa: E402
 
 LORA = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "lora_dropout": 0.1,
