@@ -4,10 +4,8 @@ named steps. The order of events is documented on :class:`~cadence.Event`.
 
 from __future__ import annotations
 
-import datetime
 import functools
 import logging
-import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
@@ -21,6 +19,8 @@ from cadence.trainer.checkpointing import (
 )
 from cadence.trainer.closures import step_with_closure, sync_context, uses_closure
 from cadence.trainer.grad_sync import GradientSync
+from cadence.trainer.metrics_setup import build_metrics
+from cadence.trainer.wall_clock import WallClock
 from cadence.trainer.loss_weighting import LossWeighting, mean_over_ranks
 from cadence.checkpoint.data_position import iter_epoch
 from cadence.checkpoint.files import pointer_template
@@ -40,7 +40,6 @@ from cadence.loggers.logger import Logger
 from cadence.loggers.logger_destination import LoggerDestination
 from cadence.core.data_spec import (DataSpec, batch_to_device, count_tokens, ensure_data_spec,
                                      tensor_shapes)
-from cadence.core.evaluator import filter_metrics
 from cadence.optim.optimizers import compile_scheduler, trainable_parameters
 from cadence.parallel import (
     ParallelPlan, data_parallel_rank, data_parallel_size, parallelize, parse_parallelism_config,
@@ -49,7 +48,7 @@ from cadence.parallel import (
 from cadence.parallel.compile import parse_compile_config
 from cadence.parallel.elastic import check_resume_layout
 from cadence.parallel.data import (
-    align_sampler_with_data_parallel, check_distributed_sampler, sync_metrics_over,
+    align_sampler_with_data_parallel, check_distributed_sampler,
 )
 from cadence.parallel.mesh import data_parallel_group
 from cadence.core.precision import Precision, get_precision_context
@@ -293,6 +292,7 @@ class Trainer:
         check_precision(precision, device_obj)  # amp_bf16 where bf16 is native only
         self._on_tokens = bool(accumulate_train_batch_on_tokens)
         self._preemption = Preemption(preemption_signals, preemption_timeout, requeue)
+        self._wall_clock = WallClock()  # the timestamp's *_wct clocks
         dist.initialize_dist(device_obj, timeout=dist_timeout)
         # data-parallel ranks load (and seed) apart; the ranks of one tensor-parallel group alike
         self._dp_size = data_parallel_size(self.parallelism_config)
@@ -406,21 +406,6 @@ class Trainer:
                                              f"eval {evaluator.label!r}",
                                              self._dp_size, self._dp_rank)
 
-    def _wall_clock_lap(self) -> datetime.timedelta:
-        """Wall clock since the last batch (or epoch end, or ``fit`` start), for the timestamp's
-        ``*_wct`` clocks. When ``max_duration`` or ``eval_interval`` is in ``sec``, every rank
-        takes rank 0's, so all ranks stop and evaluate at the same batch."""
-        now = time.perf_counter()
-        seconds, self._last_wall_clock = now - self._last_wall_clock, now
-        state = self.state
-        if dist.get_world_size() > 1 and TimeUnit.SECOND in (
-                getattr(state.max_duration, "unit", None),
-                getattr(self.eval_interval, "unit", None)):
-            shared = torch.tensor([seconds], dtype=torch.float64, device=state.device)
-            dist.broadcast(shared, src=0)
-            seconds = float(shared.item())
-        return datetime.timedelta(seconds=seconds)
-
     def _build_optimizers(self, optimizers: list[Any], schedulers: list[Any]) -> None:
         state = self.state
         if not optimizers:
@@ -431,19 +416,7 @@ class Trainer:
         self.grad_scaler = options.grad_scaler_for(state.precision, state.device)
 
     def _build_metrics(self) -> None:
-        state = self.state
-        get_metrics = getattr(self._module, "get_metrics", None)
-        if get_metrics is None:
-            return
-        state.train_metrics = {k: m.to(state.device) for k, m in get_metrics(is_train=True).items()}
-        for evaluator in state.evaluators:
-            # metric_names are regular expressions over the model's metric names (Composer's)
-            metrics = filter_metrics(get_metrics(is_train=False), evaluator.metric_names,
-                                     evaluator.label)
-            state.eval_metrics[evaluator.label] = {k: m.to(state.device) for k, m in metrics.items()}
-        sync_metrics_over([*state.train_metrics.values(),
-                           *(m for ms in state.eval_metrics.values() for m in ms.values())],
-                          self._metric_group)
+        build_metrics(self.state, self._module, self._metric_group)
 
     # ------------------------------------------------------------------ fit
     def fit(self, *, train_dataloader: Optional[Iterable[Any]] = None,
@@ -477,7 +450,7 @@ class Trainer:
         if self._train_spec is None or self._train_spec.dataloader is not state.train_dataloader:
             self._train_spec = ensure_data_spec(state.train_dataloader)  # set on the state
         state.stop_training = False
-        self._last_wall_clock = time.perf_counter()  # timestamp.total_wct counts from here
+        self._wall_clock.start()  # timestamp.total_wct counts from here
         self.engine.run_event(Event.FIT_START)
         with self._preemption.watch(state):  # a signal: checkpoint, close, raise Preempted
             while not self._training_done():
@@ -582,7 +555,8 @@ class Trainer:
             if self._training_done() and not self._epoch_exhausted():
                 break
         else:
-            state.timestamp = state.timestamp.to_next_epoch(self._wall_clock_lap())
+            lap = self._wall_clock.lap(state, self.eval_interval)
+            state.timestamp = state.timestamp.to_next_epoch(lap)
             self._step_schedulers(every_batch=False)
             self.engine.run_event(Event.EPOCH_END)
             self._eval_all(Event.EPOCH_END)
@@ -648,7 +622,8 @@ class Trainer:
         world = self._dp_size  # ranks with their own samples (a TP group shares one batch)
         state.previous_timestamp = state.timestamp
         state.timestamp = state.timestamp.to_next_batch(
-            self._batch_samples * world, num_tokens * world, self._wall_clock_lap())
+            self._batch_samples * world, num_tokens * world,
+            self._wall_clock.lap(state, self.eval_interval))
         self._step_schedulers(every_batch=True)
         step = int(state.timestamp.batch)
         if step == 1 or step % self.log_interval.value == 0 or self._training_done():
