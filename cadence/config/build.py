@@ -70,13 +70,13 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     from cadence.trainer.trainer import Trainer  # lazy: keep config loading light
     from cadence.utils.reproducibility import seed_all
 
-    from cadence.parallel.mesh import data_parallel_size
+    from cadence.parallel.parallel_dims import ParallelDims
 
     # typed once, where the run file entered (load_config); the Trainer and the plan take it
     parallelism = cfg.parallelism_config or ParallelismConfig()
     # the ranks of one tensor-parallel group load the same samples
     train_batch = per_device_batch_size(cfg.global_train_batch_size,
-                                        data_parallel_size(parallelism))
+                                        ParallelDims.from_config(parallelism).dp_size)
     eval_batch = cfg.device_eval_batch_size or train_batch
     seed_all(cfg.seed)
 

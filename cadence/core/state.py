@@ -118,7 +118,12 @@ class State:
         scaler: the ``GradScaler`` for ``amp_fp16``, if any.
         save_metrics: stored for Composer compatibility.
         algorithms / callbacks: as given to the Trainer (one or a list).
-        parallelism_config: the run's parallelism config (stored).
+        parallelism_config: the run's typed ``parallelism_config`` (a
+            ``cadence.parallel.ParallelismConfig``; ``fsdp_config`` and ``tp_config`` read
+            it), as the Trainer parsed it; ``None`` for a State built by hand.
+        parallel_dims: the run's ``cadence.parallel.parallel_dims.ParallelDims`` (degrees,
+            mesh, data-parallel group), set by the Trainer; ``None`` for a State built by hand.
+        compile_config: the run's typed ``compile_config``, or ``None`` (no compile).
         save_folder: where the run writes its artifacts; may hold ``{run_name}``.
         schedulers: learning-rate schedulers (torch ``LRScheduler`` s), stepped per batch.
         timestamp: where training is (:class:`Timestamp`, global counts); default zero.
@@ -137,6 +142,15 @@ class State:
         stop_training: ``state.stop_training()`` or ``state.stop_training = True`` ends
             ``fit`` after the current batch.
         profiler: the run's profiler, or ``None``.
+        scaler: the ``torch.amp.GradScaler`` of an ``amp_fp16`` run on CUDA (the Trainer sets
+            it after ``INIT``, and again when ``fit(precision=...)`` changes precision), else
+            ``None``.
+        auto_microbatching: whether ``device_train_microbatch_size='auto'`` searches for the
+            microbatch size (``device_train_microbatch_size`` is then the size in use).
+        fsdp_config / tp_config / device_mesh / fsdp_enabled / fsdp_state_dict_type /
+            fsdp_sharded_state_dict_enabled / is_model_ddp / deepspeed_enabled: Composer's
+            read-only views of ``parallelism_config``, ``parallel_dims`` and ``model``.
+        load_path: the checkpoint this run loaded at start (Composer's), else ``None``.
         serialized_attributes: the names of the attributes :meth:`state_dict` writes
             (Composer's attribute). Append a name to have that attribute saved and restored
             too (through its own ``state_dict``/``load_state_dict`` when it has them).
@@ -170,6 +184,8 @@ class State:
         callbacks: Any = None,
         parallelism_config: Optional[Any] = None,
         *,
+        parallel_dims: Optional[Any] = None,
+        compile_config: Optional[Any] = None,
         save_folder: Optional[str] = None,
         schedulers: Any = None,
         timestamp: Optional[Timestamp] = None,
@@ -193,6 +209,9 @@ class State:
         self.precision = str(getattr(precision, "value", precision))
         self.precision_config = precision_config
         self.parallelism_config = parallelism_config
+        self.parallel_dims = parallel_dims
+        self.compile_config = compile_config
+        self.load_path: Optional[str] = None
         self.scaler = scaler
         self.save_metrics = save_metrics
         self.dataset_state = dataset_state
@@ -337,6 +356,48 @@ class State:
     def seed(self) -> int:
         """This rank's seed: ``rank_zero_seed + rank`` (rank from the ``RANK`` environment)."""
         return self.rank_zero_seed + int(os.environ.get("RANK", "0"))
+
+    # ------------------------------------------------------------------ parallelism (Composer's)
+    @property
+    def fsdp_config(self) -> Optional[Any]:
+        """``parallelism_config.fsdp`` (an ``FSDPConfig``), or ``None`` without FSDP."""
+        return getattr(self.parallelism_config, "fsdp", None)
+
+    @property
+    def tp_config(self) -> Optional[Any]:
+        """``parallelism_config.tp`` (a ``TPConfig``), or ``None`` without tensor parallelism."""
+        return getattr(self.parallelism_config, "tp", None)
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        """Whether FSDP2 shards the model."""
+        return self.fsdp_config is not None
+
+    @property
+    def fsdp_state_dict_type(self) -> Optional[str]:
+        """The fsdp config's ``state_dict_type`` (``full`` or ``sharded``); ``None`` without
+        FSDP."""
+        return None if self.fsdp_config is None else self.fsdp_config.state_dict_type
+
+    @property
+    def fsdp_sharded_state_dict_enabled(self) -> bool:
+        """Whether checkpoints are sharded (FSDP with ``state_dict_type: sharded``)."""
+        return self.fsdp_state_dict_type == "sharded"
+
+    @property
+    def device_mesh(self) -> Optional[Any]:
+        """The run's ``DeviceMesh`` (FSDP2 / TP), or ``None`` when nothing shards the model."""
+        return None if self.parallel_dims is None else self.parallel_dims.mesh
+
+    @property
+    def is_model_ddp(self) -> bool:
+        """Whether the model is wrapped in ``DistributedDataParallel``."""
+        return isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
+
+    @property
+    def deepspeed_enabled(self) -> bool:
+        """Always False: cadence does not run DeepSpeed (Composer's attribute)."""
+        return False
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:

@@ -20,15 +20,14 @@ if TYPE_CHECKING:
         FSDPConfig, ParallelismConfig, TPConfig, parse_parallelism_config,
     )
     from cadence.parallel.fsdp import plan_fsdp_units
-    from cadence.parallel.mesh import (
-        build_mesh, data_parallel_rank, data_parallel_size, mesh_shape,
-    )
+    from cadence.parallel.mesh import mesh_shape
+    from cadence.parallel.parallel_dims import ParallelDims, build_mesh
     from cadence.parallel.plan import ParallelPlan, parallelize
     from cadence.parallel.tp import is_shard_placement
 
 __all__ = [
     "FSDPConfig", "TPConfig", "ParallelismConfig", "ParallelPlan", "parse_parallelism_config",
-    "parallelize", "build_mesh", "mesh_shape", "data_parallel_rank", "data_parallel_size",
+    "parallelize", "build_mesh", "mesh_shape", "ParallelDims",
     "plan_fsdp_units", "unwrap_model", "is_fsdp", "remap_optimizer_params", "is_shard_placement",
 ]
 
@@ -36,8 +35,8 @@ _config, _mesh = "cadence.config.parallelism", "cadence.parallel.mesh"
 __getattr__, __dir__ = lazy_exports(__name__, {
     "FSDPConfig": _config, "TPConfig": _config, "ParallelismConfig": _config,
     "parse_parallelism_config": _config, "plan_fsdp_units": "cadence.parallel.fsdp",
-    "build_mesh": _mesh, "mesh_shape": _mesh, "data_parallel_rank": _mesh,
-    "data_parallel_size": _mesh, "ParallelPlan": "cadence.parallel.plan",
+    "build_mesh": "cadence.parallel.parallel_dims", "mesh_shape": _mesh,
+    "ParallelDims": "cadence.parallel.parallel_dims", "ParallelPlan": "cadence.parallel.plan",
     "parallelize": "cadence.parallel.plan",
     "is_shard_placement": "cadence.parallel.tp",
 })

@@ -113,9 +113,9 @@ def sync_metrics_over(metrics: Iterable[Metric], group: Optional[torch_dist.Proc
                       ) -> None:
     """Make ``metrics`` (and the metrics inside them: wrappers, collections) sync their
     state over ``group`` when computed: the data-parallel ranks under tensor parallelism
-    (:func:`~cadence.parallel.mesh.data_parallel_group`), so the ranks of one
-    tensor-parallel group, which see the same samples, count them once (sums such as sample
-    counts, not just averages). ``group`` None (no tensor parallelism): the metrics are
+    (:meth:`~cadence.parallel.parallel_dims.ParallelDims.data_parallel_group`), so the
+    ranks of one tensor-parallel group, which see the same samples, count them once (sums
+    such as sample counts, not just averages). ``group`` None (no tensor parallelism): the metrics are
     left as they are (torchmetrics syncs over the world unless given a group).
 
     Source: torchmetrics ``Metric(process_group=...)``.

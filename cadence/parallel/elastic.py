@@ -29,7 +29,8 @@ from typing import Any, Optional, Sequence
 
 from cadence.utils import dist
 from cadence.config.parallelism import ParallelismConfig
-from cadence.parallel.mesh import data_parallel_size, mesh_dims
+from cadence.parallel.mesh import mesh_dims
+from cadence.parallel.parallel_dims import ParallelDims
 
 __all__ = ["mesh_layout", "describe_layout", "check_resume_layout"]
 
@@ -83,7 +84,14 @@ def _global_batch(state: Any, config: ParallelismConfig) -> Optional[int]:
     batch_size = getattr(state.train_dataloader, "batch_size", None)
     if not isinstance(batch_size, int) or batch_size <= 0:
         return None
-    return batch_size * data_parallel_size(config)
+    return batch_size * _dp_size(state, config)
+
+
+def _dp_size(state: Any, config: ParallelismConfig) -> int:
+    """This run's data-parallel size: its ``state.parallel_dims`` (a Trainer's), else the
+    degrees ``config`` makes on this job."""
+    dims = getattr(state, "parallel_dims", None)
+    return (dims if dims is not None else ParallelDims.from_config(config)).dp_size
 
 
 def _batches_per_epoch(state: Any) -> Optional[int]:
@@ -140,7 +148,7 @@ def check_resume_layout(path: Any, state: Any, config: ParallelismConfig,
         metadata = {}
     saved = metadata.get("mesh") or {"world_size": metadata.get("world_size", "?")}
     mine = mesh_layout(config)
-    dp = data_parallel_size(config)
+    dp = _dp_size(state, config)
     fix = (f"set the train loader's per-rank batch_size to {saved_batch // dp} "
            f"({saved_batch} / {dp} data-parallel ranks)" if saved_batch % dp == 0 else
            f"use a data-parallel size that divides {saved_batch}")

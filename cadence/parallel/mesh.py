@@ -15,16 +15,11 @@ Source: ``torch.distributed.device_mesh.init_device_mesh``; torchtitan's ``Paral
 
 from __future__ import annotations
 
-from typing import Optional
+from torch.distributed.device_mesh import DeviceMesh
 
-import torch.distributed as torch_dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-from cadence.utils import dist
 from cadence.config.parallelism import FSDPConfig, ParallelismConfig
 
-__all__ = ["mesh_shape", "mesh_dims", "build_mesh", "data_parallel_mesh", "data_parallel_size",
-           "data_parallel_rank", "data_parallel_group"]
+__all__ = ["mesh_shape", "mesh_dims", "data_parallel_mesh"]
 
 
 def mesh_shape(config: FSDPConfig, world_size: int, local_world_size: int) -> tuple[int, ...]:
@@ -104,53 +99,9 @@ def mesh_dims(config: ParallelismConfig, world_size: int,
     return shape, names
 
 
-def data_parallel_size(config: ParallelismConfig, world_size: Optional[int] = None) -> int:
-    """Ranks that load different data: the world size over ``tensor_parallel_degree``."""
-    world = dist.get_world_size() if world_size is None else world_size
-    return max(1, world // config.tp_degree)
-
-
-def data_parallel_rank(config: ParallelismConfig, global_rank: Optional[int] = None) -> int:
-    """This rank's index among the data-parallel ranks (the ranks of one tensor-parallel
-    group share it): ``global_rank // tensor_parallel_degree`` (``tp`` is the innermost
-    mesh dimension)."""
-    rank = dist.get_global_rank() if global_rank is None else global_rank
-    return rank // config.tp_degree
-
-
-def data_parallel_group(config: ParallelismConfig) -> Optional[torch_dist.ProcessGroup]:
-    """The process group of this rank's data-parallel peers: the ranks that hold the same
-    tensor-parallel shard of different samples, ``r % tensor_parallel_degree == rank %
-    tensor_parallel_degree`` (``tp`` is the innermost mesh dimension, as in
-    :func:`data_parallel_rank`), over every data-parallel dimension (``dp_replicate`` x
-    ``dp_shard``). What the samples are summed over, e.g. metrics: the ranks of one
-    tensor-parallel group see the same samples.
-
-    A collective: every rank calls it (it creates one group per tensor-parallel rank, whose
-    collectives time out after the run's ``dist_timeout``).
-
-    Returns:
-        The group; None without tensor parallelism (the data-parallel ranks are the world).
-    """
-    tp = config.tp_degree
-    if tp <= 1:
-        return None
-    world = dist.get_world_size()
-    group, _ = torch_dist.new_subgroups_by_enumeration(
-        [list(range(tp_rank, world, tp)) for tp_rank in range(tp)],
-        timeout=dist.get_dist_timeout())
-    return group
-
-
 def data_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """The data-parallel part of ``mesh`` (every dimension but ``tp``), for FSDP2."""
     names = tuple(n for n in (mesh.mesh_dim_names or ()) if n != "tp")
     if names == tuple(mesh.mesh_dim_names or ()):
         return mesh
     return mesh[names] if len(names) > 1 else mesh[names[0]]
-
-
-def build_mesh(config: ParallelismConfig, device_type: str) -> DeviceMesh:
-    """The ``DeviceMesh`` for ``config`` (needs an initialised process group)."""
-    shape, names = mesh_dims(config, dist.get_world_size(), dist.get_local_world_size())
-    return init_device_mesh(device_type, shape, mesh_dim_names=names)

@@ -37,7 +37,8 @@ from cadence.parallel.activation_checkpointing import (
 from cadence.parallel.compile import CompileConfig, apply_compile
 from cadence.config.parallelism import ParallelismConfig
 from cadence.parallel.fsdp import apply_fsdp
-from cadence.parallel.mesh import build_mesh, data_parallel_mesh
+from cadence.parallel.mesh import data_parallel_mesh
+from cadence.parallel.parallel_dims import ParallelDims
 from cadence.parallel.param_init import (
     check_init_hook, has_meta_tensors, materialize_and_init, retie_parameters, shared_parameters,
 )
@@ -57,7 +58,10 @@ class ParallelPlan:
         compile: the parsed ``compile_config``; None: no compile.
         device: the run's device.
         precision: the run's precision (FSDP2's mixed precision follows it).
-        mesh: a prebuilt mesh; default built from ``parallelism`` when fsdp or tp is set.
+        mesh: a prebuilt mesh; default: ``dims``'s, built when fsdp or tp is set.
+        dims: the run's :class:`~cadence.parallel.parallel_dims.ParallelDims` (the Trainer's,
+            which keeps the mesh for the rest of the run); default: new ones from
+            ``parallelism``.
         seed: the seed of a meta model's initialisation after sharding, the same on every
             rank (the Trainer's ``rank_zero_seed``); None: rank 0 draws one and broadcasts it.
     """
@@ -68,6 +72,7 @@ class ParallelPlan:
     precision: str = "fp32"
     mesh: Optional[DeviceMesh] = None
     seed: Optional[int] = None
+    dims: Optional[ParallelDims] = None
 
     @property
     def activation_checkpointing(self) -> Optional[ActivationCheckpointingConfig]:
@@ -123,7 +128,8 @@ def parallelize(model: nn.Module, plan: ParallelPlan) -> nn.Module:
     mesh = plan.mesh
     if mesh is None and (fsdp is not None or tp_plan is not None):
         _ensure_process_group(plan.device)
-        mesh = build_mesh(config, plan.device.type)
+        dims = plan.dims if plan.dims is not None else ParallelDims.from_config(config)
+        mesh = dims.build_mesh(plan.device.type)
     source = _weights_source(model, fsdp is not None and fsdp.cpu_ram_efficient_loading)
     if plan.verbose and mesh is not None and dist.get_global_rank() == 0:
         print(f"Parallelism: mesh {tuple(mesh.shape)} {mesh.mesh_dim_names} on "

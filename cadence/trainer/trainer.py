@@ -42,15 +42,15 @@ from cadence.core.data_spec import (DataSpec, batch_to_device, count_tokens, ens
                                      tensor_shapes)
 from cadence.optim.optimizers import compile_scheduler, trainable_parameters
 from cadence.parallel import (
-    ParallelPlan, data_parallel_rank, data_parallel_size, parallelize, parse_parallelism_config,
+    ParallelismConfig, ParallelPlan, parallelize, parse_parallelism_config,
     remap_optimizer_params, unwrap_model,
 )
-from cadence.parallel.compile import parse_compile_config
+from cadence.parallel.compile import CompileConfig, parse_compile_config
+from cadence.parallel.parallel_dims import ParallelDims
 from cadence.parallel.elastic import check_resume_layout
 from cadence.parallel.data import (
     align_sampler_with_data_parallel, check_distributed_sampler,
 )
-from cadence.parallel.mesh import data_parallel_group
 from cadence.core.precision import Precision, get_precision_context
 from cadence.trainer.eval_loop import evaluate
 from cadence.trainer.predict import predict_loop
@@ -275,7 +275,7 @@ class Trainer:
         # a DataSpec (Composer's) or a plain dataloader; the state holds the dataloader itself
         self._train_spec = None if train_dataloader is None else ensure_data_spec(train_dataloader)
         train_dataloader = None if self._train_spec is None else self._train_spec.dataloader
-        self._auto_microbatch, device_train_microbatch_size = parse_microbatch_size(
+        auto_microbatching, device_train_microbatch_size = parse_microbatch_size(
             device_train_microbatch_size)  # 'auto': None, the batch size at the first batch
         if len(as_list(optimizers)) > 1:
             raise ValueError("Only one optimizer is supported; put parameter groups in one optimizer.")
@@ -286,20 +286,20 @@ class Trainer:
             as_list(schedulers), step_schedulers_every_batch)
         self.log_interval = Time.from_input(log_interval, TimeUnit.BATCH)
         self.eval_subset_num_batches = int(options.checked_eval_subset(eval_subset_num_batches))
-        self.parallelism_config = parse_parallelism_config(parallelism_config)
-        self.compile_config = parse_compile_config(compile_config, prefix="compile_config")
+        parallelism_config = parse_parallelism_config(parallelism_config)
+        compile_config = parse_compile_config(compile_config, prefix="compile_config")
         device_obj = get_device(device).torch_device  # 'cpu', 'gpu', 'cuda:1', a Device
         check_precision(precision, device_obj)  # amp_bf16 where bf16 is native only
         self._on_tokens = bool(accumulate_train_batch_on_tokens)
         self._preemption = Preemption(preemption_signals, preemption_timeout, requeue)
         self._wall_clock = WallClock()  # the timestamp's *_wct clocks
         dist.initialize_dist(device_obj, timeout=dist_timeout)
-        # data-parallel ranks load (and seed) apart; the ranks of one tensor-parallel group alike
-        self._dp_size = data_parallel_size(self.parallelism_config)
-        self._dp_rank = data_parallel_rank(self.parallelism_config)
-        check_distributed_sampler(train_dataloader, "train_dataloader", self._dp_size)
-        align_sampler_with_data_parallel(train_dataloader, "train_dataloader", self._dp_size,
-                                         self._dp_rank)
+        # the degrees, checked against the world size before anything is built; data-parallel
+        # ranks load (and seed) apart, the ranks of one tensor-parallel group alike
+        parallel_dims = ParallelDims.from_config(parallelism_config)
+        check_distributed_sampler(train_dataloader, "train_dataloader", parallel_dims.dp_size)
+        align_sampler_with_data_parallel(train_dataloader, "train_dataloader",
+                                         parallel_dims.dp_size, parallel_dims.dp_rank)
         run_name, rank_zero_seed = options.run_name_and_seed(run_name, seed, autoresume,
                                                              save_folder)
         seed_all(rank_zero_seed)  # INIT's surgery draws the same new weights on every rank
@@ -321,6 +321,7 @@ class Trainer:
                                                 scale_schedule_ratio),
             precision=Precision.parse(precision).value,
             device_train_microbatch_size=device_train_microbatch_size,
+            auto_microbatching=auto_microbatching,
             save_metrics=save_metrics,
             train_dataloader=train_dataloader,
             dataloader_label=train_dataloader_label if train_dataloader is not None else None,
@@ -329,6 +330,9 @@ class Trainer:
             evaluators=options.as_evaluators(eval_dataloader),
             algorithms=as_list(algorithms),
             callbacks=as_list(callbacks) + options.profiler_callbacks(profiler),
+            parallelism_config=parallelism_config,
+            parallel_dims=parallel_dims,
+            compile_config=compile_config,
         )
         bind_profilers(self.state)  # a Profiler: state.profiler, its profilers and handlers
         # one run per save folder (rank 0 locks it; released by close() or at exit)
@@ -341,7 +345,7 @@ class Trainer:
         self.hyperparameters = {**options.extract_hparams(init_args), **(hyperparameters or {})}
         self.hyperparameters.setdefault("rank_zero_seed", rank_zero_seed)
         add_run_saver(
-            self.state, self._run_folder, self._checkpoint_metadata(), self.parallelism_config,
+            self.state, self._run_folder, self._checkpoint_metadata(), parallelism_config,
             save_interval=options.checked_save_interval(save_interval), filename=save_filename,
             latest_filename=save_latest_filename,
             num_checkpoints_to_keep=save_num_checkpoints_to_keep, overwrite=save_overwrite,
@@ -358,7 +362,7 @@ class Trainer:
         self._parallelize(as_list(optimizers))
         self._weighting = LossWeighting(self._module, self._on_tokens, self._dp_size,
                                         self._metric_group)  # the data-parallel group
-        self._grad_sync = GradientSync(self.state.model, self.parallelism_config.fsdp,
+        self._grad_sync = GradientSync(self.state.model, self.state.fsdp_config,
                                        ddp_sync_strategy)
         self._build_optimizers(as_list(optimizers), as_list(schedulers))
         self._build_metrics()
@@ -369,12 +373,52 @@ class Trainer:
             load_path, autoresume, weights_only=load_weights_only,
             strict=load_strict_model_weights, ignore_keys=load_ignore_keys,
             require_checksums=require_checksums, check_layout=lambda local: check_resume_layout(
-                local, self.state, self.parallelism_config, load_ignore_keys),
+                local, self.state, self.state.parallelism_config, load_ignore_keys),
             object_store=load_object_store)
         if loaded is not None:  # which checkpoint this run started from, in every destination
+            self.state.load_path = loaded
             self.hyperparameters["loaded_checkpoint"] = loaded
         self.engine.run_event(Event.AFTER_LOAD)
         self.logger.log_hyperparameters(self.hyperparameters)
+
+    # ------------------------------------------------------------------ views of the state
+    # The state owns these (Composer's callbacks read them there); the Trainer keeps no copy.
+    @property
+    def parallelism_config(self) -> ParallelismConfig:
+        """The run's typed ``parallelism_config`` (``state.parallelism_config``)."""
+        return self.state.parallelism_config
+
+    @property
+    def compile_config(self) -> Optional[CompileConfig]:
+        """The run's typed ``compile_config`` (``state.compile_config``)."""
+        return self.state.compile_config
+
+    @property
+    def parallel_dims(self) -> ParallelDims:
+        """The run's degrees, mesh and data-parallel group (``state.parallel_dims``)."""
+        return self.state.parallel_dims
+
+    @property
+    def grad_scaler(self) -> Optional[torch.amp.GradScaler]:
+        """The ``amp_fp16`` gradient scaler (``state.scaler``), else None."""
+        return self.state.scaler
+
+    @property
+    def _auto_microbatch(self) -> bool:
+        return self.state.auto_microbatching
+
+    @property
+    def _dp_size(self) -> int:
+        return self.state.parallel_dims.dp_size
+
+    @property
+    def _dp_rank(self) -> int:
+        return self.state.parallel_dims.dp_rank
+
+    @property
+    def _metric_group(self) -> Any:
+        """What metrics sum over: the data-parallel peers (a TP group shares its samples)."""
+        return self.state.parallel_dims.data_parallel_group()
 
     # ------------------------------------------------------------------ wiring
     def _checkpoint_metadata(self) -> dict[str, Any]:
@@ -388,12 +432,11 @@ class Trainer:
         state = self.state
         module = state.model
         names = {id(p): n for n, p in module.named_parameters()}
-        plan = ParallelPlan(self.parallelism_config, self.compile_config, state.device,
-                            state.precision, seed=state.rank_zero_seed)
+        plan = ParallelPlan(state.parallelism_config, state.compile_config, state.device,
+                            state.precision, seed=state.rank_zero_seed,
+                            dims=state.parallel_dims)  # the mesh is built once, there
         state.model = parallelize(module, plan)
         self._module = unwrap_model(state.model)
-        # metrics sum over the data-parallel ranks (a TP group shares its samples)
-        self._metric_group = data_parallel_group(self.parallelism_config)
         if any(id(p) not in names for p in self._module.parameters()):
             for optimizer in optimizers:
                 remap_optimizer_params(optimizer, names, self._module)
@@ -413,7 +456,7 @@ class Trainer:
         state.optimizers = optimizers
         state.schedulers = [compile_scheduler(s, optimizers[0], state, self.scale_schedule_ratio)
                             for s in schedulers]
-        self.grad_scaler = options.grad_scaler_for(state.precision, state.device)
+        state.scaler = options.grad_scaler_for(state.precision, state.device)
 
     def _build_metrics(self) -> None:
         build_metrics(self.state, self._module, self._metric_group)
@@ -477,9 +520,9 @@ class Trainer:
             self._align_eval_samplers()
             self._build_metrics()
         if changes.auto_microbatch is not None:
-            self._auto_microbatch = changes.auto_microbatch
+            self.state.auto_microbatching = changes.auto_microbatch
         if changes.precision is not None:
-            self.grad_scaler = options.grad_scaler_for(self.state.precision, self.state.device)
+            self.state.scaler = options.grad_scaler_for(self.state.precision, self.state.device)
 
     def predict(self, dataloader: Union[Iterable[Any], DataSpec], subset_num_batches: int = -1, *,
                 return_outputs: bool = True) -> list[Any]:
