@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from cadence.checkpoint.checkpoint_config import CheckpointConfig
 from cadence.checkpoint.files import name_template
 from cadence.checkpoint.run_folder import RunFolder, check_autoresume_folder
 from cadence.core import Callback, State
@@ -39,24 +40,30 @@ def _default_format(parallelism_config: Any) -> str:
 
 
 def add_run_saver(state: State, run_folder: Optional[RunFolder], metadata: dict[str, Any],
-                  parallelism_config: Any, save_interval: Any, state_dict_type: Optional[str],
-                  autoresume: bool, **kwargs: Any) -> None:
+                  config: CheckpointConfig) -> None:
     """Append the run's ``CheckpointSaver`` to ``state.callbacks`` when the run has a save
-    folder and a ``save_interval`` (as Composer does). ``kwargs``: the saver's other
-    arguments (``filename``, ``overwrite``, ...).
+    folder and a ``save_interval`` (as Composer does), from the run's checkpoint settings;
+    its format is ``save_state_dict_type``, else ``state.parallelism_config``'s.
 
     Raises:
         ValueError: without ``autoresume`` or ``overwrite``, the folder already holds a
             checkpoint of this run (named, with the three ways out); with ``autoresume``,
             another run's checkpoints are there (:func:`check_autoresume_folder`).
     """
-    if run_folder is None or save_interval is None:
+    if run_folder is None or config.save_interval is None:
         return
     from cadence.callbacks.checkpoint_saver import CheckpointSaver
 
-    fmt = state_dict_type or _default_format(parallelism_config)
-    saver = CheckpointSaver(folder=run_folder, save_interval=save_interval, state_dict_type=fmt,
-                            metadata=metadata, autoresume=autoresume, **kwargs)
+    fmt = config.save_state_dict_type or _default_format(state.parallelism_config)
+    autoresume = config.autoresume
+    kwargs = dict(filename=config.save_filename, latest_filename=config.save_latest_filename,
+                  num_checkpoints_to_keep=config.save_num_checkpoints_to_keep,
+                  overwrite=config.save_overwrite, weights_only=config.save_weights_only,
+                  save_async=config.save_async, allow_nonfinite=config.save_allow_nonfinite,
+                  ignore_keys=config.save_ignore_keys)
+    saver = CheckpointSaver(folder=run_folder, save_interval=config.save_interval,
+                            state_dict_type=fmt, metadata=metadata, autoresume=autoresume,
+                            **kwargs)
     if not (autoresume or kwargs["overwrite"]):
         existing = run_folder.newest_checkpoint(
             saver.latest_filename.format(run_name=state.run_name), state.run_name)

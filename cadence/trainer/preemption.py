@@ -36,13 +36,18 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NoReturn, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, List, NoReturn, Optional
+
+from cadence.config.errors import ConfigProblem
+from cadence.config.section import Section
 
 if TYPE_CHECKING:
     from cadence.core import State
 
 __all__ = [
     "ALLOWED_SIGNALS", "DEFAULT_SIGNALS", "DEFAULT_TIMEOUT_S", "Preempted", "Preemption",
+    "PreemptionConfig",
     "parse_signals", "check_timeout",
 ]
 
@@ -118,6 +123,41 @@ def check_timeout(value: Any, key: str = "preemption_timeout") -> float:
                          f"{DEFAULT_TIMEOUT_S:g}); it bounds the time from the signal to the "
                          f"exit.")
     return float(value)
+
+
+@dataclass
+class PreemptionConfig(Section):
+    """What the run does on a preemption signal: checkpoint at the next batch, close, exit.
+
+    Attributes:
+        preemption_signals: the signals (names such as ``"SIGTERM"`` or ``"USR1"``, numbers,
+            ``signal.Signals``) on which every rank stops at the next batch, saves a
+            checkpoint, closes, and ``fit`` raises :class:`Preempted` (``cadence train`` exits
+            with ``128 + signal``); of :data:`ALLOWED_SIGNALS`; default ``[SIGTERM,
+            SIGUSR1]``; ``[]`` (or None): off.
+        preemption_timeout: seconds from the signal to the exit, at most (default 90); a save
+            not done by then is abandoned (the previous checkpoint stays the newest).
+        requeue: under SLURM, after the save, rank 0 runs ``scontrol requeue $SLURM_JOB_ID``.
+
+    Raises:
+        ConfigError: a signal cadence does not checkpoint on, a timeout that is not a
+            positive number (naming the key).
+    """
+
+    preemption_signals: Optional[List[str]] = field(
+        default_factory=lambda: list(DEFAULT_SIGNALS), metadata={"python_type": Any})
+    preemption_timeout: float = DEFAULT_TIMEOUT_S
+    requeue: bool = False
+
+    def problems(self) -> list[ConfigProblem]:
+        found = []
+        for key, check in (("preemption_signals", parse_signals),
+                           ("preemption_timeout", check_timeout)):
+            try:
+                check(getattr(self, key), key)
+            except ValueError as exc:
+                found.append(ConfigProblem(key, str(exc).partition(": ")[2]))
+        return found
 
 
 class Preemption:

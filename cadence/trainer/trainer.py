@@ -41,11 +41,9 @@ from cadence.loggers.logger_destination import LoggerDestination
 from cadence.core.data_spec import (DataSpec, batch_to_device, count_tokens, ensure_data_spec,
                                      tensor_shapes)
 from cadence.optim.optimizers import compile_scheduler, trainable_parameters
-from cadence.parallel import (
-    ParallelismConfig, ParallelPlan, parallelize, parse_parallelism_config,
-    remap_optimizer_params, unwrap_model,
-)
-from cadence.parallel.compile import CompileConfig, parse_compile_config
+from cadence.config.errors import did_you_mean
+from cadence.parallel import ParallelismConfig, ParallelPlan, parallelize, remap_optimizer_params, unwrap_model
+from cadence.parallel.compile import CompileConfig
 from cadence.parallel.parallel_dims import ParallelDims
 from cadence.parallel.elastic import check_resume_layout
 from cadence.parallel.data import (
@@ -55,7 +53,8 @@ from cadence.core.precision import Precision, get_precision_context
 from cadence.trainer.eval_loop import evaluate
 from cadence.trainer.predict import predict_loop
 from cadence.profiler.profiler import bind_profilers
-from cadence.trainer.preemption import DEFAULT_SIGNALS, Preemption
+from cadence.trainer.preemption import Preemption
+from cadence.trainer.trainer_config import FLAT_KEYS, TrainerConfig, with_settings_signature
 from cadence.utils.precision import check_precision
 from cadence.utils.reproducibility import seed_all
 
@@ -66,128 +65,52 @@ log = logging.getLogger(__name__)
 class Trainer:
     """Trains a :class:`~cadence.ComposerModel`, firing events for algorithms and callbacks.
 
+    The arguments are Composer's, in Composer's order. The objects a run is made of are
+    documented here; every other argument is a *setting*, documented once, on the section of
+    :class:`~cadence.trainer.trainer_config.TrainerConfig` that owns it, and typed and
+    checked there before anything is built (all problems at once, each naming its key):
+
+    - the run, length and step (``run_name``, ``seed``, ``device``, ``precision``,
+      ``max_duration``, ``device_train_microbatch_size``, ``dist_timeout``, ...):
+      :class:`~cadence.trainer.trainer_config.RunConfig`;
+    - evaluation (``eval_interval``, ``eval_subset_num_batches``):
+      :class:`~cadence.trainer.trainer_config.EvalConfig`;
+    - logging (``log_interval``, ``progress_bar``, ``log_to_console``, ...):
+      :class:`~cadence.trainer.trainer_config.LoggingConfig`;
+    - checkpoints (``save_*``, ``load_*``, ``autoresume``, ``require_checksums``):
+      :class:`~cadence.checkpoint.checkpoint_config.CheckpointConfig`;
+    - preemption (``preemption_signals``, ``preemption_timeout``, ``requeue``):
+      :class:`~cadence.trainer.preemption.PreemptionConfig`;
+    - ``parallelism_config`` (``{"fsdp": {...}, "tp": {...}}`` or a
+      :class:`~cadence.parallel.ParallelismConfig`) and ``compile_config`` (a dict or a
+      :class:`~cadence.parallel.compile.CompileConfig`), applied by the parallelize plan
+      (:mod:`cadence.parallel.plan`).
+
+    cadence's own settings (``log_interval``, ``save_state_dict_type``, ``save_async``,
+    ``save_allow_nonfinite``, ``require_checksums``, ``preemption_*``, ``requeue``, and any
+    field a section gains) are keyword arguments too; ``trainer.config`` is the typed tree.
+
     Args:
         model: the model to train.
         train_dataloader: yields training batches (tensor, dict or tuple, samples first), or
             a :class:`~cadence.DataSpec` (its transforms, splitting and counters are used).
-        max_duration: how long :meth:`fit` trains, e.g. ``"2ep"``, ``"1000ba"``, ``"1e6tok"``.
-        eval_dataloader: a dataloader (labelled ``eval``), an :class:`~cadence.Evaluator`, or
-            a list of Evaluators.
-        eval_interval: how often to evaluate during ``fit`` (``"1ep"``, ``"500ba"``,
-            ``"0.25dur"``; an int means epochs). The model is also evaluated when training ends.
-        eval_subset_num_batches: eval batches per evaluation; ``-1`` for all.
-        optimizers: an optimizer (or a one-element list); default ``AdamW(lr=1e-3)`` on the
-            model's parameters, built after ``INIT`` so it sees any model surgery.
-        schedulers: :class:`~cadence.optim.optimizers.ComposerScheduler` s or torch
-            ``LRScheduler`` s, stepped once per batch.
-        device_train_microbatch_size: samples per forward/backward; the batch's gradients
-            are accumulated over microbatches and equal the full-batch gradient (each
-            microbatch loss is weighted by its share of the batch's samples, or tokens with
-            ``accumulate_train_batch_on_tokens``). ``None``: the whole batch at once.
-            ``'auto'``: the whole batch, halved (on every rank together) when a batch runs
-            out of memory or, on CUDA, makes the allocator retry (:mod:`.auto_microbatch`).
-        accumulate_train_batch_on_tokens: weight each microbatch's loss by its share of the
-            global batch's loss tokens (labels not ``-100``, from the model's
-            ``num_loss_tokens``), counted over microbatches and data-parallel ranks, so the
-            step is the batch's mean per-token loss (Composer's; default False: samples;
-            :mod:`cadence.trainer.loss_weighting`).
-        precision: ``fp32`` (default), ``amp_bf16`` or ``amp_fp16``; ``amp_bf16`` is refused
-            on a GPU without native bf16 (:func:`~cadence.utils.precision.check_precision`).
-        seed: seeds ``random``, NumPy and torch with ``seed + global rank``; default: a random
-            seed, kept in ``state.rank_zero_seed`` and logged.
         algorithms: :class:`~cadence.Algorithm` s, run in this order (reversed on ``AFTER_*``).
         algorithm_passes: extra ordering passes for the algorithms (Composer's argument): a
             function ``(algorithms, event) -> algorithms``, a ``(pass, index)`` pair, or a
             list of these; see :mod:`cadence.core.passes`.
+        optimizers: an optimizer (or a one-element list); default ``AdamW(lr=1e-3)`` on the
+            model's parameters, built after ``INIT`` so it sees any model surgery.
+        schedulers: :class:`~cadence.optim.optimizers.ComposerScheduler` s or torch
+            ``LRScheduler`` s, stepped once per batch.
+        eval_dataloader: a dataloader (labelled ``eval``), an :class:`~cadence.Evaluator`, or
+            a list of Evaluators.
         callbacks: :class:`~cadence.Callback` s.
         loggers: :class:`~cadence.loggers.LoggerDestination` s.
-        run_name: names the run in logs and paths; default ``run-<unix time>``.
-        device: ``"cpu"``, ``"cuda"`` or None (CUDA when available, else CPU).
-        dist_timeout: seconds a collective may wait for the other ranks before it fails
-            (Composer's name; default 600), set on the process group. A rank that stops
-            answering (hung, ``SIGSTOP``) then ends the job with an error naming it, instead
-            of hanging it forever.
-        progress_bar: add a progress destination (a tqdm bar on a terminal, plain lines in
-            logs) unless ``loggers`` already has one.
-        log_interval: how often the training loss is logged (``"10ba"``; an int means batches),
-            and on the first batch.
-            The loss stays on the device between logs: no host sync per step.
-        save_folder: where run artifacts go (metrics, later checkpoints); ``{run_name}`` in it
-            is filled in. The file logger writes there unless given its own folder. An
-            fsspec URL (``s3://bucket/runs/{run_name}``) saves to object storage through a
-            local stage (:mod:`~cadence.checkpoint.remote`; ``state.save_folder`` is
-            then the stage, and the logs are uploaded at each save and at ``close()``).
+        profiler: a :class:`~cadence.profiler.Profiler` (bound to ``state.profiler``; the
+            Engine then records event durations).
         hyperparameters: logged once through every logger destination (e.g. the YAML config).
-        parallelism_config: ``{"fsdp": {...}, "tp": {...}}`` or a parsed
-            :class:`~cadence.parallel.ParallelismConfig` (see
-            :mod:`cadence.config.parallelism`): ``fsdp`` shards the model with FSDP2,
-            ``tp`` adds tensor parallelism (the ranks of a tp group load the same batches);
-            without it, a run of several ranks uses DDP.
-        compile_config: ``torch.compile`` per transformer block (or the whole model), a dict
-            or a :class:`~cadence.parallel.compile.CompileConfig`; applied by the
-            parallelize plan after activation checkpointing and before TP and sharding; see
-            :mod:`cadence.parallel.plan`. Default: no compile.
-        save_filename, save_interval, save_num_checkpoints_to_keep, save_overwrite,
-        save_weights_only, save_latest_filename, save_ignore_keys: checkpointing into
-            ``save_folder`` (a :class:`~cadence.callbacks.CheckpointSaver` is added when
-            ``save_folder`` is set and ``save_interval`` is not None); see that class for
-            each. Names default to Composer's: ``ep{epoch}-ba{batch}-rank{rank}.pt`` (a
-            sharded checkpoint: the folder ``ep{epoch}-ba{batch}``) and the symlink
-            ``latest-rank{rank}.pt``; the file holds Composer's layout
-            (:mod:`~cadence.checkpoint.layout`).
-        save_metrics: also save the train and eval metrics' state in each checkpoint
-            (Composer's ``train_metrics`` / ``eval_metrics``), restored on load. Default False.
-        save_state_dict_type: ``full`` or ``sharded``; default ``full``, or the fsdp config's
-            ``state_dict_type`` (``sharded``) in an FSDP run.
-        save_async: write checkpoints in a background thread; the loop waits only while the
-            state is copied to CPU memory (see ``CheckpointSaver``'s ``save_async``). Default
-            False.
-        save_allow_nonfinite: save states with NaN/inf loss or weights as ordinary checkpoints
-            (default False: written aside as ``*.nonfinite``, the run stops naming the batch).
-        load_path: a checkpoint to start from (a ``.pt`` file or a sharded directory, or
-            its URL: ``s3://bucket/runs/x/ep1-ba8``); a ``.pt`` written by Composer 0.32
-            resumes too (model, optimizer, schedulers, timestamp, RNG).
-        load_object_store: ``load_path`` is a name in this store: an fsspec URL, an
-            ``ObjectStore`` or a ``RemoteUploaderDownloader``
-            (:mod:`~cadence.checkpoint.object_store`).
-        load_weights_only: take only the model's weights from ``load_path``.
-        load_strict_model_weights: the model's keys must match the checkpoint's (else an
-            error before training); shapes must match either way.
-        load_ignore_keys: glob patterns of what not to load (e.g. ``model/model.score.*``,
-            ``optimizers``, ``rng``); see :func:`~cadence.checkpoint.load_checkpoint`.
-        autoresume: continue from the newest complete checkpoint of this ``run_name`` in
-            ``save_folder`` (bit-exact on the same world size), else start fresh (or from
-            ``load_path``). Needs ``save_folder`` and an explicit ``run_name``.
-        require_checksums: refuse a checkpoint without checksums (default True).
-        train_dataloader_label, train_subset_num_batches, scale_schedule_ratio,
-        step_schedulers_every_batch, log_to_console, console_stream, console_log_interval,
-        log_traces, auto_log_hparams, profiler: Composer's (see
-        :mod:`cadence.trainer.trainer_options`):
-            the train dataloader's label; batches per epoch (``-1``: all); a factor on
-            ``max_duration`` and the schedulers; step schedulers per batch (default: per
-            batch unless a torch ``LRScheduler`` is given, then per epoch); a plain console
-            logger every ``console_log_interval`` (default ``log_interval``) to
-            ``console_stream`` (``'stdout'``, ``'stderr'``, the default, or a stream), beside
-            a progress bar only on a terminal; print algorithm traces there; log the Trainer's
-            arguments as hyperparameters; a :class:`~cadence.profiler.Profiler` (bound to
-            ``state.profiler``; the Engine then records event durations). ``device`` also takes
-            ``'gpu'`` and a :class:`~cadence.devices.Device`; ``eval_interval`` also takes a
-            callable ``(state, event) -> bool``; ``run_name`` defaults to
-            ``$CADENCE_RUN_NAME``, ``$COMPOSER_RUN_NAME`` or ``$RUN_NAME``.
-        load_exclude_algorithms: class names of algorithms whose saved state is not loaded
-            (Composer's); ``load_progress_bar`` and ``spin_dataloaders`` are accepted and
-            have no effect (no download bar; a resumed run continues its dataloader from the
-            saved position instead of spinning through it).
-        precision_config: Composer's FP8 settings; must be unset (no FP8 in cadence).
-        deterministic_mode: deterministic kernels only
-            (:func:`~cadence.utils.reproducibility.configure_deterministic_mode`).
-        ddp_sync_strategy: DDP gradient sync over microbatches: ``single_auto_sync``
-            (default: the last microbatch only) or ``multi_auto_sync`` (every microbatch).
-        python_log_level: the ``cadence`` logger's level (``"info"``, ``"debug"``...).
-        preemption_signals, preemption_timeout, requeue: on one of these signals (default
-            ``SIGTERM``, ``SIGUSR1``; ``()``: off) ``fit`` checkpoints at the next batch, closes
-            the Trainer and raises ``Preempted``, all within ``preemption_timeout`` seconds;
-            ``requeue``: ``scontrol requeue`` under SLURM (:mod:`cadence.trainer.preemption`).
+        **settings: cadence's own settings by flat key (see above); an unknown one raises
+            ``TypeError`` with "did you mean".
 
     Raises:
         ValueError / TypeError: for bad arguments, naming the argument and the fix, before any
@@ -197,6 +120,7 @@ class Trainer:
             :mod:`cadence.checkpoint.lock`.
     """
 
+    @with_settings_signature  # every section's setting shows in the signature
     @release_on_error("_run_folder")  # a failed __init__ does not keep the save folder locked
     def __init__(
         self,
@@ -230,7 +154,7 @@ class Trainer:
         load_weights_only: bool = False,
         load_strict_model_weights: bool = True,
         load_progress_bar: bool = True,
-        load_ignore_keys: Sequence[str] = (),
+        load_ignore_keys: Optional[Sequence[str]] = None,
         load_exclude_algorithms: Optional[Sequence[str]] = None,
         save_folder: Optional[str] = None,
         save_filename: str = "ep{epoch}-ba{batch}-rank{rank}.pt",
@@ -256,59 +180,59 @@ class Trainer:
         python_log_level: Optional[str] = None,
         compile_config: Any = None,
         # cadence's own
-        log_interval: TimeLike = "10ba",
         hyperparameters: Optional[Mapping[str, Any]] = None,
-        save_state_dict_type: Optional[str] = None,
-        save_async: bool = False,
-        save_allow_nonfinite: bool = False,
-        require_checksums: bool = True,
-        preemption_signals: Any = DEFAULT_SIGNALS, preemption_timeout: float = 90.0,
-        requeue: bool = False,
+        **settings: Any,
     ) -> None:
-        init_args = dict(locals()) if auto_log_hparams else {}
-        ddp_sync_strategy = options.apply_run_settings(python_log_level, deterministic_mode,
-                                                       precision_config, ddp_sync_strategy)
-        load_ignore_keys = [*load_ignore_keys,
-                            *options.excluded_algorithm_keys(load_exclude_algorithms)]
-        del spin_dataloaders, load_progress_bar  # accepted: resume continues the dataloader
+        arguments = {k: v for k, v in locals().items() if k in FLAT_KEYS}
+        unknown = [key for key in settings if key not in FLAT_KEYS]
+        if unknown:  # as Python says it, with the setting it may have meant
+            raise TypeError(f"Trainer() got an unexpected keyword argument {unknown[0]!r}."
+                            f"{did_you_mean(unknown[0], list(FLAT_KEYS))}")
+        # every setting typed and checked at once, before anything is built
+        self.config = config = TrainerConfig.from_flat({**arguments, **settings}, "Trainer")
+        run, checkpoint = config.run, config.checkpoint
+        init_args = {**arguments, **settings, "model": model} if run.auto_log_hparams else {}
+        ddp_sync_strategy = options.apply_run_settings(run)
+        load_ignore_keys = [*checkpoint.load_ignore_keys,
+                            *options.excluded_algorithm_keys(checkpoint.load_exclude_algorithms)]
         options.check_model(model)
         # a DataSpec (Composer's) or a plain dataloader; the state holds the dataloader itself
         self._train_spec = None if train_dataloader is None else ensure_data_spec(train_dataloader)
         train_dataloader = None if self._train_spec is None else self._train_spec.dataloader
-        auto_microbatching, device_train_microbatch_size = parse_microbatch_size(
-            device_train_microbatch_size)  # 'auto': None, the batch size at the first batch
+        auto_microbatching, microbatch_size = parse_microbatch_size(
+            run.device_train_microbatch_size)  # 'auto': None, the batch size at the first batch
         if len(as_list(optimizers)) > 1:
             raise ValueError("Only one optimizer is supported; put parameter groups in one optimizer.")
-        self.eval_interval = parse_eval_interval(eval_interval)
-        self.scale_schedule_ratio = float(scale_schedule_ratio)
-        self.train_dataloader_label = train_dataloader_label
+        self.eval_interval = parse_eval_interval(config.eval.eval_interval)
+        self.scale_schedule_ratio = float(run.scale_schedule_ratio)
+        self.train_dataloader_label = run.train_dataloader_label
         self.step_schedulers_every_batch = options.steps_schedulers_every_batch(
-            as_list(schedulers), step_schedulers_every_batch)
-        self.log_interval = Time.from_input(log_interval, TimeUnit.BATCH)
-        self.eval_subset_num_batches = int(options.checked_eval_subset(eval_subset_num_batches))
-        parallelism_config = parse_parallelism_config(parallelism_config)
-        compile_config = parse_compile_config(compile_config, prefix="compile_config")
-        device_obj = get_device(device).torch_device  # 'cpu', 'gpu', 'cuda:1', a Device
-        check_precision(precision, device_obj)  # amp_bf16 where bf16 is native only
-        self._on_tokens = bool(accumulate_train_batch_on_tokens)
-        self._preemption = Preemption(preemption_signals, preemption_timeout, requeue)
+            as_list(schedulers), run.step_schedulers_every_batch)
+        self.log_interval = Time.from_input(config.logging.log_interval, TimeUnit.BATCH)
+        self.eval_subset_num_batches = int(config.eval.eval_subset_num_batches)
+        device_obj = get_device(run.device).torch_device  # 'cpu', 'gpu', 'cuda:1', a Device
+        check_precision(run.precision, device_obj)  # amp_bf16 where bf16 is native only
+        self._on_tokens = bool(run.accumulate_train_batch_on_tokens)
+        self._preemption = Preemption(config.preemption.preemption_signals,
+                                      config.preemption.preemption_timeout,
+                                      config.preemption.requeue)
         self._wall_clock = WallClock()  # the timestamp's *_wct clocks
-        dist.initialize_dist(device_obj, timeout=dist_timeout)
+        dist.initialize_dist(device_obj, timeout=run.dist_timeout)
         # the degrees, checked against the world size before anything is built; data-parallel
         # ranks load (and seed) apart, the ranks of one tensor-parallel group alike
-        parallel_dims = ParallelDims.from_config(parallelism_config)
+        parallel_dims = ParallelDims.from_config(config.parallelism)
         check_distributed_sampler(train_dataloader, "train_dataloader", parallel_dims.dp_size)
         align_sampler_with_data_parallel(train_dataloader, "train_dataloader",
                                          parallel_dims.dp_size, parallel_dims.dp_rank)
-        run_name, rank_zero_seed = options.run_name_and_seed(run_name, seed, autoresume,
-                                                             save_folder)
+        run_name, rank_zero_seed = options.run_name_and_seed(
+            run.run_name, run.seed, checkpoint.autoresume, checkpoint.save_folder)
         seed_all(rank_zero_seed)  # INIT's surgery draws the same new weights on every rank
         # a URL (s3://...) saves to object storage through a local stage; an unknown protocol
         # or a missing extra (of save_folder or load_path) is refused now
-        self._run_folder = RunFolder.of(save_folder, run_name)
-        if load_path is not None and load_object_store is None:
-            check_url(load_path)
-        check_object_store(load_object_store)
+        self._run_folder = RunFolder.of(checkpoint.save_folder, run_name)
+        if checkpoint.load_path is not None and checkpoint.load_object_store is None:
+            check_url(checkpoint.load_path)
+        check_object_store(checkpoint.load_object_store)
 
         self.state = State(
             model=model,
@@ -317,41 +241,32 @@ class Trainer:
             run_name=run_name,
             save_folder=None if self._run_folder is None else str(self._run_folder.local),
             device=device_obj,
-            max_duration=options.scale_duration(options.parse_duration(max_duration),
-                                                scale_schedule_ratio),
-            precision=Precision.parse(precision).value,
-            device_train_microbatch_size=device_train_microbatch_size,
+            max_duration=options.scale_duration(options.parse_duration(run.max_duration),
+                                                run.scale_schedule_ratio),
+            precision=run.precision,
+            device_train_microbatch_size=microbatch_size,
             auto_microbatching=auto_microbatching,
-            save_metrics=save_metrics,
+            save_metrics=checkpoint.save_metrics,
             train_dataloader=train_dataloader,
-            dataloader_label=train_dataloader_label if train_dataloader is not None else None,
+            dataloader_label=run.train_dataloader_label if train_dataloader is not None else None,
             dataloader_len=options.subset_len(options.dataloader_len(train_dataloader),
-                                              train_subset_num_batches),
+                                              run.train_subset_num_batches),
             evaluators=options.as_evaluators(eval_dataloader),
             algorithms=as_list(algorithms),
             callbacks=as_list(callbacks) + options.profiler_callbacks(profiler),
-            parallelism_config=parallelism_config,
+            parallelism_config=config.parallelism,
             parallel_dims=parallel_dims,
-            compile_config=compile_config,
+            compile_config=config.compile,
         )
         bind_profilers(self.state)  # a Profiler: state.profiler, its profilers and handlers
         # one run per save folder (rank 0 locks it; released by close() or at exit)
         if self._run_folder is not None:  # (and a remote folder's logs are fetched)
             self._run_folder.lock(run_name)
-        destinations = as_list(loggers)
-        destinations += options.console_destinations(
-            destinations, progress_bar, log_to_console, console_stream,
-            console_log_interval or self.log_interval, log_traces)
+        destinations = as_list(loggers) + options.console_destinations(
+            as_list(loggers), config.logging, self.log_interval)
         self.hyperparameters = {**options.extract_hparams(init_args), **(hyperparameters or {})}
         self.hyperparameters.setdefault("rank_zero_seed", rank_zero_seed)
-        add_run_saver(
-            self.state, self._run_folder, self._checkpoint_metadata(), parallelism_config,
-            save_interval=options.checked_save_interval(save_interval), filename=save_filename,
-            latest_filename=save_latest_filename,
-            num_checkpoints_to_keep=save_num_checkpoints_to_keep, overwrite=save_overwrite,
-            weights_only=save_weights_only, state_dict_type=save_state_dict_type,
-            autoresume=autoresume, save_async=save_async, allow_nonfinite=save_allow_nonfinite,
-            ignore_keys=save_ignore_keys)
+        add_run_saver(self.state, self._run_folder, self._checkpoint_metadata(), checkpoint)
         self.logger = Logger(self.state, destinations)
         if isinstance(model, ComposerModel):
             model.logger = self.logger  # Composer's ComposerModel.logger
@@ -368,13 +283,14 @@ class Trainer:
         self._build_metrics()
         self.engine.run_event(Event.BEFORE_LOAD)
         loaded = load_at_start(  # autoresume or load_path; a remote one downloaded, then removed
-            self.state, self._run_folder, pointer_template(save_latest_filename).format(
-                run_name=run_name),
-            load_path, autoresume, weights_only=load_weights_only,
-            strict=load_strict_model_weights, ignore_keys=load_ignore_keys,
-            require_checksums=require_checksums, check_layout=lambda local: check_resume_layout(
+            self.state, self._run_folder, pointer_template(
+                checkpoint.save_latest_filename).format(run_name=run_name),
+            checkpoint.load_path, checkpoint.autoresume, weights_only=checkpoint.load_weights_only,
+            strict=checkpoint.load_strict_model_weights, ignore_keys=load_ignore_keys,
+            require_checksums=checkpoint.require_checksums,
+            check_layout=lambda local: check_resume_layout(
                 local, self.state, self.state.parallelism_config, load_ignore_keys),
-            object_store=load_object_store)
+            object_store=checkpoint.load_object_store)
         if loaded is not None:  # which checkpoint this run started from, in every destination
             self.state.load_path = loaded
             self.hyperparameters["loaded_checkpoint"] = loaded

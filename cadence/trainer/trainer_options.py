@@ -21,12 +21,13 @@ from cadence.utils import dist
 from cadence.core import Evaluator, Time, TimeUnit
 from cadence.core.precision import Precision
 from cadence.core.state import as_list
+from cadence.trainer.trainer_config import LoggingConfig, RunConfig
 
 __all__ = [
-    "DDP_SYNC_STRATEGIES", "EvalDataloader", "RUN_NAME_ENV_VARS", "agree_across_ranks",
+    "EvalDataloader", "RUN_NAME_ENV_VARS", "agree_across_ranks",
     "apply_run_settings", "as_evaluators", "as_list", "excluded_algorithm_keys",
     "console_destinations", "dataloader_len", "extract_hparams", "grad_scaler_for",
-    "profiler_callbacks", "checked_save_interval", "checked_eval_subset",
+    "profiler_callbacks", "checked_eval_subset",
     "check_model", "run_name_and_seed", "run_name_from_env", "parse_duration", "scale_duration", "steps_schedulers_every_batch",
     "subset_len",
 ]
@@ -172,27 +173,6 @@ def subset_len(length: Optional[int], subset_num_batches: int) -> Optional[int]:
     return subset_num_batches if length is None else min(int(length), subset_num_batches)
 
 
-def checked_save_interval(save_interval: Any) -> Any:
-    """``save_interval`` as given, once it is known not to be negative (a negative interval
-    never fires: only the final checkpoint would be written, silently). ``None`` and
-    callables pass; ``0`` saves only when training ends.
-
-    Raises:
-        ValueError: a negative interval, or one that is not a Time (naming the argument).
-    """
-    if save_interval is None or callable(save_interval):
-        return save_interval
-    try:
-        time = Time.from_input(save_interval, TimeUnit.EPOCH)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"save_interval={save_interval!r} is neither a Time (e.g. '1ep', "
-                         f"'500ba') nor a callable (state, event) -> bool: {exc}") from None
-    if time.value < 0:
-        raise ValueError(f"save_interval={save_interval!r} is negative; use a positive Time such "
-                         f"as '1ep' or '500ba' (save_interval=None turns checkpoints off).")
-    return save_interval
-
-
 def scale_duration(duration: Optional[Time], ratio: float) -> Optional[Time]:
     """``max_duration`` scaled by ``scale_schedule_ratio`` (Composer: ``int(value * ratio)``).
 
@@ -237,24 +217,25 @@ def grad_scaler_for(precision: Union[str, Precision],
     return torch.amp.GradScaler(device.type)
 
 
-def console_destinations(destinations: list[Any], progress_bar: bool, log_to_console: bool,
-                         console_stream: Union[str, TextIO, None],
-                         console_log_interval: Union[int, str, Time],
-                         log_traces: bool = False) -> list[Any]:
+def console_destinations(destinations: list[Any], settings: LoggingConfig,
+                         log_interval: Time) -> list[Any]:
     """The destinations to add for console output (Composer's rules, cadence's terminal
-    check).
+    check), from the run's logging ``settings``.
 
     ``log_to_console=True`` adds a :class:`~cadence.loggers.ConsoleLogger` printing every
-    ``console_log_interval`` (an ``int`` is epochs, as in Composer) to ``console_stream``,
-    unless ``destinations`` has one (a warning then says the console arguments are
-    ignored). ``progress_bar=True`` adds the default progress destination (a bar when the
-    stream is a terminal, else a ``ConsoleLogger``) unless ``destinations`` already has a
-    progress destination; beside ``log_to_console`` only a bar is added, with a warning
-    (both print, as in Composer).
+    ``console_log_interval`` (default ``log_interval``; an ``int`` is epochs, as in
+    Composer) to ``console_stream``, unless ``destinations`` has one (a warning then says the
+    console arguments are ignored). ``progress_bar=True`` adds the default progress
+    destination (a bar when the stream is a terminal, else a ``ConsoleLogger``) unless
+    ``destinations`` already has a progress destination; beside ``log_to_console`` only a
+    bar is added, with a warning (both print, as in Composer).
 
     Raises:
         ValueError: ``console_stream`` is a string other than ``'stdout'``/``'stderr'``.
     """
+    console_stream, log_traces = settings.console_stream, settings.log_traces
+    log_to_console, progress_bar = settings.log_to_console, settings.progress_bar
+    console_log_interval = settings.console_log_interval or log_interval
     from cadence.loggers import ConsoleLogger, ProgressBarLogger, default_progress_destination
     from cadence.loggers.console_logger import resolve_stream
 
@@ -311,49 +292,26 @@ def parse_duration(max_duration: Any) -> Optional[Time]:
     return duration
 
 
-#: Composer's ``ddp_sync_strategy`` values cadence runs (``forced_sync`` is refused).
-DDP_SYNC_STRATEGIES = ("single_auto_sync", "multi_auto_sync")
-
-
-def apply_run_settings(python_log_level: Optional[str], deterministic_mode: bool,
-                       precision_config: Optional[Mapping[str, Any]],
-                       ddp_sync_strategy: Optional[str]) -> str:
-    """Check and apply Composer's process-wide Trainer settings, before anything is built:
-    ``python_log_level`` (the ``cadence`` logger's level, with a plain stream handler when
-    the process has none, as Composer does for ``composer``), ``deterministic_mode``
-    (:func:`~cadence.utils.reproducibility.configure_deterministic_mode`),
-    ``precision_config`` (FP8 settings: cadence has no FP8, so it must be empty).
+def apply_run_settings(run: RunConfig) -> str:
+    """Apply Composer's process-wide Trainer settings (checked already, in ``run``) before
+    anything is built: ``python_log_level`` (the ``cadence`` logger's level, with a plain
+    stream handler when the process has none, as Composer does for ``composer``) and
+    ``deterministic_mode``
+    (:func:`~cadence.utils.reproducibility.configure_deterministic_mode`).
 
     Returns:
         The DDP gradient-sync strategy: ``ddp_sync_strategy``, default ``single_auto_sync``.
-
-    Raises:
-        ValueError: naming the argument: an unknown log level, a non-empty
-            ``precision_config``, a ``ddp_sync_strategy`` cadence does not run.
     """
-    if precision_config:
-        raise ValueError(f"precision_config {dict(precision_config)!r} configures FP8 "
-                         f"(TransformerEngine), which cadence does not support; leave it unset "
-                         f"and use precision='amp_bf16'.")
-    strategy = "single_auto_sync" if ddp_sync_strategy is None else str(ddp_sync_strategy)
-    if strategy not in DDP_SYNC_STRATEGIES:
-        raise ValueError(f"ddp_sync_strategy={ddp_sync_strategy!r} is not one of "
-                         f"{list(DDP_SYNC_STRATEGIES)} (Composer's 'forced_sync' all-reduces by "
-                         f"hand after the last microbatch; cadence lets DDP overlap it with "
-                         f"backward instead: use 'single_auto_sync').")
-    if python_log_level is not None:
-        level = logging.getLevelName(str(python_log_level).upper())
-        if not isinstance(level, int):
-            raise ValueError(f"python_log_level={python_log_level!r} is not a logging level "
-                             f"(debug, info, warning, error, critical).")
+    if run.python_log_level is not None:
+        level = logging.getLevelName(str(run.python_log_level).upper())
         logging.basicConfig(format="%(asctime)s: rank%(process)d[%(threadName)s]: "
                                    "%(levelname)s: %(name)s: %(message)s")
         logging.getLogger("cadence").setLevel(level)
-    if deterministic_mode:
+    if run.deterministic_mode:
         from cadence.utils.reproducibility import configure_deterministic_mode
 
         configure_deterministic_mode()
-    return strategy
+    return run.ddp_sync_strategy or "single_auto_sync"
 
 
 def excluded_algorithm_keys(names: Optional[Sequence[str]]) -> list[str]:
