@@ -115,9 +115,9 @@ class CheckpointConfig(Section):
             try:
                 time = Time.from_input(interval, TimeUnit.EPOCH)
             except (TypeError, ValueError) as exc:
-                found.append(ConfigProblem("save_interval", (
-                    f"{interval!r} is neither a Time (e.g. '1ep', '500ba') nor a callable "
-                    f"(state, event) -> bool: {exc}")))
+                found.append(ConfigProblem("save_interval", str(exc) if isinstance(
+                    interval, str) else (f"{interval!r} is neither a Time (e.g. '1ep', "
+                                         f"'500ba') nor a callable (state, event) -> bool: {exc}")))
             else:
                 message = interval_problem("save_interval", time)
                 if message is not None:

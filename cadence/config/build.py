@@ -68,6 +68,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     if not is_checked(cfg):
         cfg = validate_config(cfg)
     from cadence.trainer.trainer import Trainer  # lazy: keep config loading light
+    from cadence.trainer.trainer_config import FLAT_KEYS
     from cadence.utils.reproducibility import seed_all
 
     from cadence.parallel.parallel_dims import ParallelDims
@@ -101,50 +102,14 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     loggers = _build_all("loggers", registry.loggers, cfg.loggers)
 
     _share_tokenizer(model, train_dataloader)
-    return Trainer(
-        model=model,
-        train_dataloader=train_dataloader,
-        max_duration=cfg.max_duration,
-        eval_dataloader=eval_dataloader,
-        eval_interval=cfg.eval_interval,
-        eval_subset_num_batches=cfg.eval_subset_num_batches,
-        optimizers=optimizer,
-        schedulers=scheduler,
-        device_train_microbatch_size=cfg.device_train_microbatch_size,
-        accumulate_train_batch_on_tokens=cfg.accumulate_train_batch_on_tokens,
-        precision=Precision(cfg.precision).value,
-        seed=cfg.seed,
-        algorithms=algorithms,
-        callbacks=callbacks,
-        loggers=loggers,
-        run_name=cfg.run_name,
-        device=cfg.device,
-        dist_timeout=cfg.dist_timeout,
-        progress_bar=cfg.progress_bar,
-        log_interval=cfg.log_interval,
-        save_folder=cfg.save_folder,
-        hyperparameters=config_to_dict(cfg),
-        parallelism_config=parallelism,
-        compile_config=cfg.compile_config,
-        save_filename=cfg.save_filename,
-        save_interval=cfg.save_interval,
-        save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
-        save_overwrite=cfg.save_overwrite,
-        save_weights_only=cfg.save_weights_only,
-        save_latest_filename=cfg.save_latest_filename,
-        save_state_dict_type=cfg.save_state_dict_type,
-        save_async=cfg.save_async,
-        save_allow_nonfinite=cfg.save_allow_nonfinite,
-        load_path=cfg.load_path,
-        load_weights_only=cfg.load_weights_only,
-        load_strict_model_weights=cfg.load_strict_model_weights,
-        load_ignore_keys=list(cfg.load_ignore_keys),
-        autoresume=cfg.autoresume,
-        require_checksums=cfg.require_checksums,
-        preemption_signals=list(cfg.preemption_signals),
-        preemption_timeout=cfg.preemption_timeout,
-        requeue=cfg.requeue,
-    )
+    # every setting goes over as it is: the Trainer types it into the same TrainerConfig
+    settings = {key: getattr(cfg, key) for key in FLAT_KEYS if hasattr(cfg, key)}
+    settings["parallelism_config"] = parallelism
+    settings["precision"] = Precision(cfg.precision).value  # the run file types it an enum
+    return Trainer(model=model, train_dataloader=train_dataloader,
+                   eval_dataloader=eval_dataloader, optimizers=optimizer, schedulers=scheduler,
+                   algorithms=algorithms, callbacks=callbacks, loggers=loggers,
+                   hyperparameters=config_to_dict(cfg), **settings)
 
 
 def _share_tokenizer(model: Any, train_dataloader: Any) -> None:

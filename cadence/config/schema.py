@@ -34,13 +34,13 @@ from cadence.config.errors import (
     ConfigProblem, choice_message, did_you_mean, first_line, show,
 )
 from cadence.config.parallelism import ParallelismConfig, check_parallelism_config
-from cadence.core.time import Time, TimeUnit
 from cadence.core.precision import Precision
 from cadence.config.registry_index import component_spec, indexed_names, lookup
 from cadence.config.targets import dotted_path_problem, is_dotted_path
+from cadence.config.section import section_problems
+from cadence.trainer.trainer_config import SECTIONS
 
 __all__ = ["TrainConfig", "RunFile", "check_schema", "argument_problems", "Section",
-           "negative_interval_message",
            "SINGLE_SECTIONS", "MULTI_SECTIONS", "TYPED_SECTIONS", "LOADER_FILLED_ARGS"]
 
 #: Devices a run file may name; ``null`` means CUDA when available, else CPU.
@@ -50,124 +50,96 @@ _DEVICES = ("cpu", "cuda")
 LOADER_FILLED_ARGS = ("batch_size",)
 
 
-@dataclass
-class TrainConfig:
-    """One training run, as written in a YAML run file.
+#: A run file's own keys, beside the Trainer's settings: what the run is made of (the
+#: components, each ``{name: <registered name or dotted path>, **kwargs}``), the batch sizes
+#: the builder turns into per-rank loader batches, and free variables.
+_COMPONENT_FIELDS: tuple[tuple[str, Any, Any, str], ...] = (
+    ("global_train_batch_size", int, MISSING,
+     "samples per optimizer step over all ranks; each data-parallel rank loads "
+     "``global_train_batch_size / data-parallel size`` (must divide). Required."),
+    ("model", Dict[str, Any], MISSING,
+     "``{name: <registered model or dotted path>, **constructor kwargs}``. Required."),
+    ("train_loader", Dict[str, Any], MISSING,
+     "``{name: <registered dataset or dotted path>, **kwargs}``; the builder passes "
+     "``batch_size`` itself. Required."),
+    ("device_eval_batch_size", Optional[int], None,
+     "eval samples per rank per batch; ``None``: the per-device train batch size."),
+    ("eval_loader", Optional[Dict[str, Any]], None,
+     "like ``train_loader``, built with ``device_eval_batch_size``; optional."),
+    ("optimizer", Optional[Dict[str, Any]], None,
+     "``{name: adamw|adam|sgd|<dotted path>, **kwargs}``, built as "
+     "``cls(model.parameters(), **kwargs)``; default: the Trainer's (AdamW)."),
+    ("scheduler", Optional[Dict[str, Any]], None,
+     "``{name: <registered schedule or dotted path>, **kwargs}``; optional."),
+    ("algorithms", Dict[str, Dict[str, Any]], dict, "``{name: {kwargs}}``, applied in this order."),
+    ("callbacks", Dict[str, Dict[str, Any]], dict, "``{name: {kwargs}}``."),
+    ("loggers", Dict[str, Dict[str, Any]], dict, "``{name: {kwargs}}``."),
+    ("variables", Dict[str, Any], dict,
+     "free-form values for interpolation (``${variables.seq_len}``); not read by the trainer "
+     "(llm-foundry's convention)."),
+)
 
-    Time values are strings in :class:`~cadence.Time` syntax (``"2ep"``, ``"100ba"``,
-    ``"4096sp"``, ``"1e6tok"``, ``"0.5dur"``), checked when the config is loaded.
+#: The settings sections held whole, typed from their mapping: key -> type.
+_WHOLE_SECTION_FIELDS = (("parallelism_config", ParallelismConfig),
+                         ("compile_config", CompileConfig))
+
+
+def _setting_specs() -> list[tuple[str, Any, Any]]:
+    """``(name, run-file type, dataclasses.field)`` of every setting a run file may write,
+    read from the sections of :class:`~cadence.trainer.trainer_config.TrainerConfig`."""
+    specs = []
+    for section in SECTIONS.values():
+        hints = typing.get_type_hints(section)
+        for f in section.run_file_fields():
+            meta = f.metadata
+            kind = meta.get("run_file_type", hints[f.name])
+            if meta.get("run_file_required"):
+                default = field(default=MISSING)
+            elif "run_file_default" in meta:
+                default = field(default=meta["run_file_default"])
+            elif f.default_factory is not dataclasses.MISSING:
+                default = field(default_factory=f.default_factory)
+            else:
+                default = field(default=f.default)
+            specs.append((f.name, kind, default))
+    return specs
+
+
+def _train_config() -> type:
+    """:class:`TrainConfig`: the run file's keys, flat, generated from the sections."""
+    settings = _setting_specs()
+    specs = [spec for spec in settings if spec[0] == "max_duration"]  # first: the run's length
+    for name, kind, default, _ in _COMPONENT_FIELDS:
+        specs.append((name, kind, field(default_factory=default) if default is dict
+                      else field(default=default)))
+    specs += [spec for spec in settings if spec[0] != "max_duration"]
+    specs += [(name, Optional[kind], field(default=None)) for name, kind in _WHOLE_SECTION_FIELDS]
+    cls = dataclasses.make_dataclass("TrainConfig", specs)
+    cls.__module__ = __name__
+    components = "\n".join(f"        {name}: {doc}" for name, _, _, doc in _COMPONENT_FIELDS)
+    cls.__doc__ = f"""One training run, as written in a YAML run file: flat keys, Composer's names.
+
+    What the run is made of is written here; every other key is a *setting*, a field of the
+    section of :class:`~cadence.trainer.trainer_config.TrainerConfig` that owns it, where it
+    is documented and checked (this class is generated from those sections, so a field added
+    to a section is a run-file key at once):
+    :class:`~cadence.trainer.trainer_config.RunConfig` (``run_name``, ``seed`` (default 17,
+    llm-foundry's), ``max_duration`` (required), ``precision``, ``device``, ...),
+    :class:`~cadence.trainer.trainer_config.EvalConfig`,
+    :class:`~cadence.trainer.trainer_config.LoggingConfig`,
+    :class:`~cadence.checkpoint.checkpoint_config.CheckpointConfig`,
+    :class:`~cadence.trainer.preemption.PreemptionConfig`; ``parallelism_config``
+    (:class:`~cadence.config.parallelism.ParallelismConfig`) and ``compile_config``
+    (:class:`~cadence.config.compile.CompileConfig`) are typed whole from their mappings.
+    Time values are strings in :class:`~cadence.Time` syntax (``"2ep"``, ``"100ba"``).
 
     Args:
-        max_duration: how long to train (Time string). Required; not in ``dur``.
-        global_train_batch_size: samples per optimizer step over all ranks; each rank loads
-            ``global_train_batch_size / world_size`` (must divide). Required.
-        model: ``{name: <registered model or dotted path>, **constructor kwargs}``. Required.
-        train_loader: ``{name: <registered dataset or dotted path>, **kwargs}``; the builder
-            passes ``batch_size`` itself. Required.
-        run_name: names the run in logs and paths; default (from a file)
-            ``<file stem>-<YYYYmmdd-HHMMSS>``, or with ``autoresume`` the file stem alone (a
-            relaunch of the same file must find the earlier attempt's checkpoints).
-        seed: seeds ``random``, NumPy and torch before the model is built (all ranks alike)
-            and is passed to the Trainer; in ``[0, 2**32)``. Default 17 (llm-foundry's).
-        eval_interval: how often to evaluate (Time string); default ``"1ep"``.
-        eval_subset_num_batches: eval batches per evaluation; ``-1`` (default) for all; ``0``
-            is refused (it would evaluate nothing: NaN metrics).
-        device_train_microbatch_size: samples per forward/backward; ``None`` (default): the
-            whole per-device batch; ``auto``: the largest that fits (halved on out-of-memory).
-        accumulate_train_batch_on_tokens: weight each microbatch's loss by its share of the
-            global batch's loss tokens (labels not ``-100``), so any split into microbatches
-            and ranks gives the step of the batch's mean loss per token (Composer's key;
-            default False: by samples). See :mod:`cadence.trainer.loss_weighting`.
-        device_eval_batch_size: eval samples per rank per batch; ``None`` (default): the
-            per-device train batch size.
-        precision: ``fp32`` (default), ``amp_bf16`` or ``amp_fp16``.
-        device: ``None`` (default: CUDA when available, else CPU), ``"cpu"`` or ``"cuda"``;
-            ``cuda`` on a machine without CUDA is refused when the config is loaded.
-        dist_timeout: seconds a collective may wait for the other ranks before the job fails
-            (Composer's name; default 600); see the Trainer argument of the same name.
-        progress_bar: show a progress bar; default True.
-        log_interval: how often the training loss is logged (Time string); default ``"10ba"``.
-        save_folder: where run artifacts go; default none.
-        eval_loader: like ``train_loader``, built with ``device_eval_batch_size``; optional.
-        optimizer: ``{name: adamw|adam|sgd|<dotted path>, **kwargs}``, built as
-            ``cls(model.parameters(), **kwargs)``; default: the Trainer's (AdamW).
-        scheduler: ``{name: <registered schedule or dotted path>, **kwargs}``; optional.
-        algorithms: ``{name: {kwargs}}``, applied in this order.
-        callbacks: ``{name: {kwargs}}``.
-        loggers: ``{name: {kwargs}}``.
-        parallelism_config: written ``{fsdp: {...}, tp: {...}}``: ``fsdp`` shards with FSDP2
-            (keys and their FSDP2 meaning: :mod:`cadence.config.parallelism`), ``tp``
-            (``tensor_parallel_degree``, ``layer_plan``) adds tensor parallelism
-            (:mod:`cadence.parallel.tp`); null: DDP when launched on several ranks. Held
-            typed: :func:`~cadence.config.load.load_config` parses the mapping once into a
-            :class:`~cadence.config.parallelism.ParallelismConfig`, which every later layer
-            takes as it is.
-        compile_config: written ``{enabled, mode, fullgraph, dynamic, backend, per_block}``
-            (``torch.compile`` settings; see :mod:`cadence.parallel.compile`); null: none.
-            Held typed, as a :class:`~cadence.config.compile.CompileConfig`.
-        save_filename, save_interval, save_num_checkpoints_to_keep, save_overwrite,
-        save_weights_only, save_latest_filename, save_state_dict_type, save_async, load_path,
-        load_weights_only, load_strict_model_weights, load_ignore_keys, autoresume,
-        save_allow_nonfinite, require_checksums: the
-            Trainer's checkpoint arguments of the same names (checkpoints are written only
-            when ``save_folder`` is set). Intervals may not be negative (``0``: only when
-            training ends; ``save_interval: null``: no checkpoints); ``run_name`` is a plain
-            name (no ``/``, not ``..``) and the checkpoint names stay inside ``save_folder``.
-        preemption_signals: on these signals (names: ``SIGTERM``, ``SIGUSR1``, ``SIGUSR2``,
-            ``SIGINT``, ``SIGHUP``; default ``[SIGTERM, SIGUSR1]``; ``[]``: off) every rank
-            stops at the next batch, saves a checkpoint, closes, and ``cadence train`` exits
-            with ``128 + signal`` (143 for SIGTERM); :mod:`cadence.trainer.preemption`.
-        preemption_timeout: seconds from the signal to the exit, at most (default 90); a save
-            not done by then is abandoned (the previous checkpoint stays the newest).
-        requeue: under SLURM, after the save, rank 0 runs ``scontrol requeue $SLURM_JOB_ID``.
-        variables: free-form values for interpolation (``${variables.seq_len}``); not read
-            by the trainer (llm-foundry's convention).
+{components}
     """
+    return cls
 
-    max_duration: str = MISSING
-    global_train_batch_size: int = MISSING
-    model: Dict[str, Any] = MISSING
-    train_loader: Dict[str, Any] = MISSING
-    run_name: Optional[str] = None
-    seed: int = 17
-    eval_interval: str = "1ep"
-    eval_subset_num_batches: int = -1
-    device_train_microbatch_size: Optional[Any] = None  # int or "auto", checked below
-    accumulate_train_batch_on_tokens: bool = False
-    device_eval_batch_size: Optional[int] = None
-    precision: Precision = Precision.FP32
-    device: Optional[str] = None
-    dist_timeout: float = 600.0
-    progress_bar: bool = True
-    log_interval: str = "10ba"
-    save_folder: Optional[str] = None
-    eval_loader: Optional[Dict[str, Any]] = None
-    optimizer: Optional[Dict[str, Any]] = None
-    scheduler: Optional[Dict[str, Any]] = None
-    algorithms: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    callbacks: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    loggers: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    parallelism_config: Optional[ParallelismConfig] = None
-    compile_config: Optional[CompileConfig] = None
-    save_filename: str = "ep{epoch}-ba{batch}-rank{rank}.pt"
-    save_interval: Optional[str] = "1ep"
-    save_num_checkpoints_to_keep: int = -1
-    save_overwrite: bool = False
-    save_weights_only: bool = False
-    save_latest_filename: str = "latest-rank{rank}.pt"
-    save_state_dict_type: Optional[str] = None
-    save_async: bool = False
-    save_allow_nonfinite: bool = False
-    load_path: Optional[str] = None
-    load_weights_only: bool = False
-    load_strict_model_weights: bool = True
-    load_ignore_keys: List[str] = field(default_factory=list)
-    autoresume: bool = False
-    require_checksums: bool = True
-    preemption_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
-    preemption_timeout: float = 90.0
-    requeue: bool = False
-    variables: Dict[str, Any] = field(default_factory=dict)
+
+TrainConfig = _train_config()
 
 
 #: Top-level keys written as a mapping and held typed: the first stage parses each once.
@@ -219,7 +191,6 @@ MULTI_SECTIONS: dict[str, Section] = {
     "callbacks": Section(registry.callbacks),
     "loggers": Section(registry.loggers),
 }
-_TIME_FIELDS = ("max_duration", "eval_interval", "log_interval", "save_interval")
 _BATCH_KEY_FOR = {
     "train_loader": "global_train_batch_size", "eval_loader": "device_eval_batch_size",
 }
@@ -291,6 +262,7 @@ def check_schema(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[ConfigPro
         else:
             problems.extend(_field_schema_problems(key, typed[key]))
 
+    problems.extend(_section_problems(typed))
     for f in dataclasses.fields(TrainConfig):
         if f.default is MISSING and f.name not in raw:
             problems.append(ConfigProblem(f.name, f"is required: {_REQUIRED_HINTS[f.name]}"))
@@ -335,50 +307,24 @@ def _normalize_field(key: str, value: Any) -> tuple[Any, Optional[ConfigProblem]
 
 
 def _field_schema_problems(key: str, value: Any) -> list[ConfigProblem]:
-    """Schema checks of a typed top-level value: Time strings, enums, nested keys."""
-    if key in _TIME_FIELDS and value is not None:
-        try:
-            time = Time.from_timestring(value)
-        except ValueError as exc:
-            return [ConfigProblem(key, str(exc))]
-        if key == "max_duration" and time.unit == TimeUnit.DURATION:
-            return [ConfigProblem(key, (
-                f"{value!r} is in 'dur', a fraction of max_duration itself; give it in 'ep', 'ba', "
-                f"'sp' or 'tok'."))]
-        interval_problem = negative_interval_message(key, time)
-        if interval_problem is not None:
-            return [ConfigProblem(key, interval_problem)]
-    if key == "device_train_microbatch_size" and value is not None and value != "auto" and (
-            isinstance(value, bool) or not isinstance(value, int)):
-        return [ConfigProblem(key, f"{value!r} must be a positive int, 'auto' or null.")]
-    if key == "save_state_dict_type" and value not in (None, "full", "sharded"):
-        return [ConfigProblem(key, choice_message(value, ["full", "sharded", "null"]))]
+    """The run file's own checks of a typed top-level value (the settings' checks are their
+    sections', :func:`_section_problems`): a device a run file may name."""
     if key == "device" and value is not None and value not in _DEVICES:
         return [ConfigProblem(key, choice_message(value, [*_DEVICES, "null"]))]
-    if key in ("preemption_signals", "preemption_timeout"):
-        from cadence.trainer.preemption import check_timeout, parse_signals  # torch-free
-
-        try:
-            (parse_signals if key == "preemption_signals" else check_timeout)(value, key)
-        except ValueError as exc:
-            return [ConfigProblem(key, str(exc).partition(": ")[2])]
+    if key in ("global_train_batch_size", "device_eval_batch_size") and isinstance(
+            value, int) and value < 1:
+        return [ConfigProblem(key, f"{value!r} must be a positive number of samples.")]
     return []
 
 
-def negative_interval_message(key: str, time: Time) -> Optional[str]:
-    """What is wrong with interval ``key`` (``save_interval``, ``eval_interval``,
-    ``log_interval``) set to ``time``, or ``None``: a negative interval (and a zero
-    ``log_interval``) would never fire, silently (``save_interval: -5ba`` used to leave only
-    the final checkpoint). ``0`` means "only when training ends" for ``save_interval`` and
-    ``eval_interval``. Shared by the run-file check and the Trainer's arguments."""
-    if key not in ("save_interval", "eval_interval", "log_interval"):
-        return None
-    if time.value < 0 or (key == "log_interval" and time.value == 0):
-        off = ("save_interval: null turns checkpoints off" if key == "save_interval" else
-               "an interval as long as max_duration runs it only at the end")
-        return (f"{str(time)!r} is {'negative' if time.value < 0 else 'zero'}; {key} must be "
-                f"a positive Time such as '1ep' or '500ba' ({off}).")
-    return None
+def _section_problems(typed: Mapping[str, Any]) -> list[ConfigProblem]:
+    """Every settings section's own checks (the same the Trainer's arguments go through),
+    on the keys that passed their type check."""
+    problems = []
+    for section in SECTIONS.values():
+        values = {f.name: typed[f.name] for f in dataclasses.fields(section) if f.name in typed}
+        problems.extend(section_problems(section, values)[1])
+    return problems
 
 
 def _typed_section(key: str, value: Any) -> tuple[Any, list[ConfigProblem]]:

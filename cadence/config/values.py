@@ -16,7 +16,7 @@ import os
 import string
 from typing import Any, Callable, Mapping, Optional
 
-from cadence.config.arg_checks import Check, check_arg_values, greater_than, probe
+from cadence.config.arg_checks import Check, check_arg_values, probe
 from cadence.config.compile import backend_problems
 from cadence.config.errors import ConfigProblem
 from cadence.config.parallelism import layer_plan_problems
@@ -173,7 +173,6 @@ _FIELD_CHECKS: dict[str, Check] = {
     "device": Check(_device_available, "cpu, cuda or null"),
     "load_path": Check(_existing_checkpoint, "an existing checkpoint"),
     "save_folder": Check(_usable_folder, "a local path or a URL of an installed filesystem"),
-    "dist_timeout": greater_than(0.0),
 }
 
 
@@ -184,15 +183,6 @@ def _field_value_problems(key: str, value: Any) -> list[ConfigProblem]:
         message = check.problem(value)
         if message is not None:
             return [ConfigProblem(key, message)]
-    if key == "seed" and not 0 <= value < 2**32:
-        return [ConfigProblem(key, f"{value!r} is out of range; a seed is in [0, 2**32).")]
-    if key in ("global_train_batch_size", "device_train_microbatch_size",
-               "device_eval_batch_size") and isinstance(value, int) and value < 1:
-        return [ConfigProblem(key, f"{value!r} must be a positive number of samples.")]
-    if key == "eval_subset_num_batches" and value < 1 and value != -1:
-        return [ConfigProblem(key, (
-            f"{value!r} would evaluate no batches (NaN metrics); use -1 (all batches) or a "
-            f"positive number of batches (leave eval_loader out to skip evaluation)."))]
     if key == "compile_config" and value is not None:  # stage 1 checked all but the backend
         return [ConfigProblem(path, message)
                 for path, message in backend_problems(value, prefix=key)]

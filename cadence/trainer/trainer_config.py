@@ -56,6 +56,8 @@ def _time_problem(key: str, value: Any, default_unit: TimeUnit,
     try:
         time = Time.from_input(value, default_unit)
     except (TypeError, ValueError) as exc:
+        if isinstance(value, str):  # the parser's message names the string and the units
+            return ConfigProblem(key, str(exc))
         what = "a Time (e.g. '1ep', '500ba')" + (
             " or a callable (state, event) -> bool" if allow_callable else "")
         return ConfigProblem(key, f"{value!r} is not {what}: {exc}")
@@ -136,7 +138,8 @@ class RunConfig(Section):
         seed = self.seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
                                  or not 0 <= seed < 2**32):
-            found.append(ConfigProblem("seed", f"{seed!r} must be an int in [0, 2**32)."))
+            found.append(ConfigProblem("seed", (
+                f"{seed!r} is out of range; a seed is in [0, 2**32).")))
         if self.precision not in [p.value for p in Precision]:
             found.append(ConfigProblem("precision", choice_message(
                 self.precision, [p.value for p in Precision])))
@@ -159,7 +162,8 @@ class RunConfig(Section):
         if isinstance(self.dist_timeout, bool) or not isinstance(
                 self.dist_timeout, (int, float)) or not self.dist_timeout > 0:
             found.append(ConfigProblem("dist_timeout", (
-                f"{self.dist_timeout!r} must be a positive number of seconds (default 600).")))
+                f"{self.dist_timeout!r} is out of range; use a number > 0 (seconds; default "
+                f"600).")))
         found.extend(self._duration_problems())
         size = self.device_train_microbatch_size
         if size is not None and size != "auto" and (
@@ -181,10 +185,10 @@ class RunConfig(Section):
     def _duration_problems(self) -> list[ConfigProblem]:
         if self.max_duration is None:
             return []
-        try:
-            duration = Time.from_input(self.max_duration, TimeUnit.EPOCH)
-        except (TypeError, ValueError) as exc:
-            return [ConfigProblem("max_duration", f"{self.max_duration!r} is not a Time: {exc}")]
+        problem = _time_problem("max_duration", self.max_duration, TimeUnit.EPOCH)
+        if problem is not None:
+            return [problem]
+        duration = Time.from_input(self.max_duration, TimeUnit.EPOCH)
         if duration.unit in (TimeUnit.DURATION, TimeUnit.ITERATION):
             return [ConfigProblem("max_duration", (
                 f"{self.max_duration!r} is in '{duration.unit.value}'"
@@ -217,9 +221,10 @@ class EvalConfig(Section):
         subset = self.eval_subset_num_batches
         if subset is not None and subset != -1 and not (isinstance(subset, int) and subset >= 1):
             found.append(ConfigProblem("eval_subset_num_batches", (
-                f"eval_subset_num_batches={subset!r} would evaluate "
-                f"{'no batches (NaN metrics)' if subset == 0 else 'nothing'}; use -1 (every "
-                f"batch) or a positive number of batches.")))
+                f"{subset!r} would evaluate "
+                f"{'no batches (NaN metrics)' if subset == 0 else 'nothing'}; use -1 (all "
+                f"batches) or a positive number of batches (leave the eval dataloader out to "
+                f"skip evaluation).")))
         return found
 
 
