@@ -17,7 +17,7 @@ from typing import Any, Optional, TypeVar
 import numpy as np
 import torch
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
 
 __all__ = ["AugMix", "AugmentAndMixTransform", "augmix_image"]

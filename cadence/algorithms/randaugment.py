@@ -16,7 +16,7 @@ from typing import Any, Optional, TypeVar
 import numpy as np
 import torch
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
 
 __all__ = ["RandAugment", "RandAugmentTransform", "randaugment_image"]

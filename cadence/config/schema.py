@@ -27,17 +27,17 @@ from typing import Any, Dict, List, Mapping, Optional
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from cadence.config import registry
+from cadence.registry import registry
 from cadence.config.arg_types import describe, mismatch
-from cadence.config.compile import CompileConfig, check_compile_config
-from cadence.config.errors import (
+from cadence.parallel.compile_config import CompileConfig, check_compile_config
+from cadence.registry.errors import (
     ConfigProblem, choice_message, did_you_mean, first_line, show,
 )
-from cadence.config.parallelism import ParallelismConfig, check_parallelism_config
+from cadence.parallel.config import ParallelismConfig, check_parallelism_config
 from cadence.core.time import Time, TimeUnit
 from cadence.core.precision import Precision
 from cadence.config.registry_index import component_spec, indexed_names, lookup
-from cadence.config.targets import dotted_path_problem, is_dotted_path
+from cadence.registry.targets import dotted_path_problem, is_dotted_path
 
 __all__ = ["TrainConfig", "RunFile", "check_schema", "argument_problems", "Section",
            "negative_interval_message",
@@ -96,15 +96,15 @@ class TrainConfig:
         callbacks: ``{name: {kwargs}}``.
         loggers: ``{name: {kwargs}}``.
         parallelism_config: written ``{fsdp: {...}, tp: {...}}``: ``fsdp`` shards with FSDP2
-            (keys and their FSDP2 meaning: :mod:`cadence.config.parallelism`), ``tp``
+            (keys and their FSDP2 meaning: :mod:`cadence.parallel.config`), ``tp``
             (``tensor_parallel_degree``, ``layer_plan``) adds tensor parallelism
             (:mod:`cadence.parallel.tp`); null: DDP when launched on several ranks. Held
             typed: :func:`~cadence.config.load.load_config` parses the mapping once into a
-            :class:`~cadence.config.parallelism.ParallelismConfig`, which every later layer
+            :class:`~cadence.parallel.config.ParallelismConfig`, which every later layer
             takes as it is.
         compile_config: written ``{enabled, mode, fullgraph, dynamic, backend, per_block}``
             (``torch.compile`` settings; see :mod:`cadence.parallel.compile`); null: none.
-            Held typed, as a :class:`~cadence.config.compile.CompileConfig`.
+            Held typed, as a :class:`~cadence.parallel.compile_config.CompileConfig`.
         save_filename, save_interval, save_num_checkpoints_to_keep, save_overwrite,
         save_weights_only, save_latest_filename, save_state_dict_type, save_async, load_path,
         load_weights_only, load_strict_model_weights, load_ignore_keys, autoresume,

@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 from torch import nn
 
-from cadence.config.compile import (
+from cadence.parallel.compile_config import (
     COMPILE_MODES, CompileConfig, parse_compile_config,
 )
 

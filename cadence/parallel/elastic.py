@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from cadence.utils import dist
-from cadence.config.parallelism import ParallelismConfig
+from cadence.parallel.config import ParallelismConfig
 from cadence.parallel.mesh import data_parallel_size, mesh_dims
 
 __all__ = ["mesh_layout", "describe_layout", "check_resume_layout"]

@@ -21,7 +21,7 @@ import torch.distributed as torch_dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from cadence.utils import dist
-from cadence.config.parallelism import FSDPConfig, ParallelismConfig
+from cadence.parallel.config import FSDPConfig, ParallelismConfig
 
 __all__ = ["mesh_shape", "mesh_dims", "build_mesh", "data_parallel_mesh", "data_parallel_size",
            "data_parallel_rank", "data_parallel_group"]

@@ -35,7 +35,7 @@ from cadence.parallel.activation_checkpointing import (
     ActivationCheckpointingConfig, apply_ac,
 )
 from cadence.parallel.compile import CompileConfig, apply_compile
-from cadence.config.parallelism import ParallelismConfig
+from cadence.parallel.config import ParallelismConfig
 from cadence.parallel.fsdp import apply_fsdp
 from cadence.parallel.mesh import build_mesh, data_parallel_mesh
 from cadence.parallel.param_init import (

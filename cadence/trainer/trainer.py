@@ -120,7 +120,7 @@ class Trainer:
         hyperparameters: logged once through every logger destination (e.g. the YAML config).
         parallelism_config: ``{"fsdp": {...}, "tp": {...}}`` or a parsed
             :class:`~cadence.parallel.ParallelismConfig` (see
-            :mod:`cadence.config.parallelism`): ``fsdp`` shards the model with FSDP2,
+            :mod:`cadence.parallel.config`): ``fsdp`` shards the model with FSDP2,
             ``tp`` adds tensor parallelism (the ranks of a tp group load the same batches);
             without it, a run of several ranks uses DDP.
         compile_config: ``torch.compile`` per transformer block (or the whole model), a dict

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Optional, Union
 
-from cadence.config.errors import did_you_mean
+from cadence.registry.errors import did_you_mean
 
 __all__ = ["CompileConfig", "COMPILE_MODES", "parse_compile_config", "check_compile_config",
            "compile_config_problems", "backend_problems"]

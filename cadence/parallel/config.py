@@ -43,8 +43,8 @@ import copy
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional, Union
 
-from cadence.config.errors import did_you_mean
-from cadence.config.tp_styles import tp_style_problem
+from cadence.registry.errors import did_you_mean
+from cadence.parallel.tp_styles import tp_style_problem
 
 __all__ = [
     "FSDPConfig", "TPConfig", "ParallelismConfig", "ShardingStrategy", "parse_parallelism_config",
