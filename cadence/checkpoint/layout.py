@@ -104,7 +104,7 @@ def is_composer_written(loaded: Any) -> bool:
 
 def _composer_rng(entry: dict[str, Any]) -> dict[str, Any]:
     """One rank of Composer's ``reproducibility.get_rng_state()`` as
-    :func:`~cadence.checkpoint.rng.get_rng_state` returns it."""
+    :func:`~cadence.utils.rng.get_rng_state` returns it."""
     version, internal, gauss = entry["python"]
     out: dict[str, Any] = {"python": [version, list(internal), gauss],
                            "torch": entry["torch"]}

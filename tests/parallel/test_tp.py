@@ -250,7 +250,7 @@ def _check_resume_and_convert(folder: Path, straight: list[float]) -> None:
     if dist.get_global_rank() == 0:
         from transformers import GPT2LMHeadModel
 
-        from cadence.checkpoint.export import to_huggingface
+        from cadence.models.hf_export import to_huggingface
 
         out = to_huggingface(step4[0], folder / "hf")
         hf = GPT2LMHeadModel.from_pretrained(str(out)).eval()
