@@ -48,6 +48,7 @@ import torch
 
 from cadence.checkpoint.errors import CheckpointError
 from cadence.checkpoint.safe_unpickle import from_composer_objects
+from cadence.core.time import Timestamp
 
 __all__ = ["COMPOSER_MARK", "drop_paths", "first_value", "is_composer_written",
            "not_a_checkpoint", "to_file", "to_flat"]
@@ -138,8 +139,6 @@ def _seconds(value: Any) -> Any:
 def _timestamp(value: Any, path: Path) -> dict[str, Any]:
     """``{"Timestamp": {...}}`` (Composer's and this layout), a Timestamp object (from
     :func:`from_composer_objects`) or a bare dict (cadence's older layout) -> the dict."""
-    from cadence.core.time import Timestamp
-
     if isinstance(value, Timestamp):
         return value.state_dict()
     if isinstance(value, dict) and "Timestamp" in value:

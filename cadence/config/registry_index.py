@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from cadence.config.arg_types import type_spec
 from cadence.registry.errors import qualname
+from cadence.registry import registry
 
 __all__ = ["component_spec", "build_index", "render_index", "load_index", "lookup",
            "indexed_names", "REGISTRIES", "DATA_FILE", "REGENERATE", "main"]
@@ -79,8 +80,6 @@ def _type_hints(target: Callable[..., Any]) -> dict[str, Any]:
 def build_index() -> dict[str, dict[str, dict[str, Any]]]:
     """``{kind: {name: component_spec}}`` from the real registries (imports every built-in
     component module)."""
-    from cadence.registry import registry
-
     return {kind: {name: component_spec(target)
                    for name, target in getattr(registry, attr).items()}
             for kind, attr in REGISTRIES.items()}

@@ -31,6 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from cadence.utils import dist
+from cadence.utils.dtensor import local_tensor
 from cadence.parallel.activation_checkpointing import (
     ActivationCheckpointingConfig, apply_ac,
 )
@@ -227,8 +228,6 @@ def _ensure_process_group(device: torch.device) -> None:
 def _broadcast_module_states(model: nn.Module, device: torch.device) -> None:
     """Copy rank 0's parameters and buffers to every rank (``sync_module_states``), one
     tensor at a time through ``device`` (a CPU model under NCCL is staged there)."""
-    from cadence.utils.dtensor import local_tensor
-
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
             local = local_tensor(tensor.data)

@@ -21,6 +21,7 @@ from cadence.utils import dist
 from cadence.core import Evaluator, Time, TimeUnit
 from cadence.core.precision import Precision
 from cadence.core.state import as_list
+from cadence.utils.reproducibility import configure_deterministic_mode
 
 __all__ = [
     "DDP_SYNC_STRATEGIES", "EvalDataloader", "RUN_NAME_ENV_VARS", "agree_across_ranks",
@@ -350,8 +351,6 @@ def apply_run_settings(python_log_level: Optional[str], deterministic_mode: bool
                                    "%(levelname)s: %(name)s: %(message)s")
         logging.getLogger("cadence").setLevel(level)
     if deterministic_mode:
-        from cadence.utils.reproducibility import configure_deterministic_mode
-
         configure_deterministic_mode()
     return strategy
 
