@@ -94,7 +94,7 @@ def _cadence_command() -> list[str]:
 #: run file names; ``import transformers`` as a Hugging Face user's script pays it).
 FIRST_STEP_FLOOR = """
 import torch, transformers
-from cadence.config import registry
+from cadence.registry import registry
 torch.manual_seed(17)
 model = registry.models.get("gpt2")(n_layer=4, n_head=4, n_embd=192, vocab_size=4096,
                                     max_seq_len=128)

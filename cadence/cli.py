@@ -337,7 +337,8 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _convert(args: argparse.Namespace) -> int:
     from cadence.checkpoint.checkpoint import CheckpointError
-    from cadence.checkpoint.export import to_full, to_huggingface
+    from cadence.checkpoint.export import to_full
+    from cadence.models.hf_export import to_huggingface
     from cadence.checkpoint.remote import fetched, uploaded
 
     try:  # either may be a URL (s3://...): downloaded / written locally, then uploaded

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cadence import cli
-from cadence.config import registry
+from cadence.registry import registry
 
 
 def tiny_model(width: int = 2) -> Any:

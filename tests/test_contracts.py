@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cadence import Trainer
-from cadence.config.registry import algorithms, callbacks, loggers
+from cadence.registry import algorithms, callbacks, loggers
 from tests.algorithms.algorithm_helpers import SEQ, tiny_gpt, token_loader
 from tests.algorithms.vision_helpers import image_loader, tiny_classifier
 from tests.common.models import SimpleModel, make_dataloader

@@ -1,5 +1,6 @@
-"""The import graph of ``cadence/``: no cycles, and the dependency rule of
-``docs/architecture.md`` holds.
+"""The import graph of ``cadence/``: no cycles, and every clause of the dependency rule of
+``docs/architecture.md`` holds (its layer table is read from the page itself; each clause
+names the test below that checks it).
 
 The graph is read from the source with :mod:`ast`, nothing is imported. What counts as an
 edge ``a -> b`` (module ``a`` executes module ``b``):
@@ -21,6 +22,12 @@ edge ``a -> b`` (module ``a`` executes module ``b``):
   still counts (it reads a name from a package that may not be initialised yet).
 - Relative imports are resolved against the importing module's package.
 
+The package graph: one node per package (``cadence.core``) or top-level module
+(``cadence.cli``); the Composer facades of the rule (``cadence.utils.checkpoint``, ...) are
+nodes of their own, in the layer the page gives them. A package ``__init__``'s lazy table is
+not an edge of the package itself (it imports nothing until a name is read); importing a
+lazily re-exported name from it is an edge to the defining module.
+
 Not seen: ``importlib.import_module`` with a computed name (the registry's dotted paths, the
 lazy tables' own look-ups) and attribute chains such as ``cadence.core.State`` after a bare
 ``import cadence``.
@@ -29,6 +36,7 @@ lazy tables' own look-ups) and attribute chains such as ``cadence.core.State`` a
 from __future__ import annotations
 
 import ast
+import re
 import sys
 import textwrap
 from dataclasses import dataclass
@@ -40,14 +48,19 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "cadence"
 
-#: Rule 1: ``cadence.core`` imports nothing else from cadence. Allowed: ``cadence._lazy``, the
-#: standard-library-only helper behind every package ``__init__``'s lazy re-exports (it is
-#: run by ``import cadence`` before any core module anyway; checked below to import nothing
-#: from cadence itself).
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+#: ``cadence.core`` imports nothing else from cadence but ``cadence._lazy``, the
+#: standard-library-only helper behind every package ``__init__``'s lazy re-exports.
 CORE_ALLOWED = frozenset({"cadence._lazy"})
-#: Rule 2: plug-ins never import the Trainer.
+#: Plug-ins never import the Trainer.
 PLUGIN_PACKAGES = ("cadence.algorithms", "cadence.callbacks", "cadence.loggers",
                    "cadence.models", "cadence.profiler")
+#: Modules the run file's first, torch-free check reads: standard library only at module
+#: level (their function-local imports of torch run in the second stage or at use).
+STANDARD_LIBRARY_ONLY = ("cadence._lazy", "cadence._version", "cadence.registry",
+                         "cadence.parallel.config", "cadence.parallel.compile_config",
+                         "cadence.parallel.tp_styles", "cadence.launch.slurm",
+                         "cadence.launch.restarts")
 
 
 # ----------------------------------------------------------------------------- the graph
@@ -313,9 +326,10 @@ def test_core_allowance_imports_nothing_from_cadence(cadence_edges: list[ImportE
 def test_plugins_never_import_the_trainer(cadence_edges: list[ImportEdge]) -> None:
     bad = [f"{e.source}:{e.line} imports {e.target}" for e in cadence_edges
            if any(_inside(e.source, p) for p in PLUGIN_PACKAGES)
-           and _inside(e.target, "cadence.trainer")]
-    assert not bad, ("algorithms/, callbacks/, loggers/ and models/ must not import "
-                     "cadence.trainer:\n" + "\n".join(bad))
+           and (_inside(e.target, "cadence.trainer") or _inside(e.target, "cadence.config"))]
+    assert not bad, ("algorithms/, callbacks/, loggers/, models/ and profiler/ must not import "
+                     "cadence.trainer or cadence.config (they register through "
+                     "cadence.registry):\n" + "\n".join(bad))
 
 
 def test_models_import_nothing_from_torch_distributed() -> None:
@@ -349,6 +363,121 @@ def torch_distributed_uses(path: Path) -> list[tuple[int, str]]:
               and isinstance(node.value, ast.Name) and node.value.id == "torch"):
             found.append((node.lineno, "torch.distributed"))
     return sorted(found)
+
+
+# ----------------------------------------------------------------------------- the layers
+def rule_section(text: str) -> str:
+    """The "The dependency rule" section of ``docs/architecture.md``."""
+    start = text.index("## The dependency rule")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else len(text)]
+
+
+def layer_table(section: str) -> dict[str, int]:
+    """``{node: layer}`` from the rule's table: rows ``| N | `core/`, `utils/checkpoint.py`
+    | ... |``; a folder ``x/`` is the package ``cadence.x``, ``x.py`` / ``x/y.py`` the module,
+    ``__init__.py`` the top-level package ``cadence``."""
+    layers: dict[str, int] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or not cells[0].isdigit():
+            continue
+        for path in re.findall(r"`([^`]+)`", cells[1]):
+            if path == "__init__.py":
+                node = "cadence"
+            else:
+                node = "cadence." + path.rstrip("/").removesuffix(".py").replace("/", ".")
+            assert node not in layers, f"{path} is in two layers"
+            layers[node] = int(cells[0])
+    return layers
+
+
+def node_of(module: str, layers: Mapping[str, int]) -> str:
+    """The package-graph node of ``module``: itself when the table names it (a facade or a
+    top-level module), else its package ``cadence.x``."""
+    if module in layers:
+        return module
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def package_edges(edges: Iterable[ImportEdge], layers: Mapping[str, int]
+                  ) -> dict[tuple[str, str], ImportEdge]:
+    """``{(node, node): one import behind it}`` between different nodes; an import of the
+    top-level package ``cadence`` itself (its lazy face) is left out."""
+    out: dict[tuple[str, str], ImportEdge] = {}
+    for edge in edges:
+        if edge.target == "cadence":
+            continue
+        a, b = node_of(edge.source, layers), node_of(edge.target, layers)
+        if a != b:
+            out.setdefault((a, b), edge)
+    return out
+
+
+@pytest.fixture(scope="module")
+def rule() -> str:
+    return rule_section(ARCHITECTURE.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def layers(rule: str) -> dict[str, int]:
+    return layer_table(rule)
+
+
+def test_every_clause_names_its_test(rule: str) -> None:
+    """The rule's clauses each name the test here that checks it, and every such test
+    exists (the page and this file cannot drift apart)."""
+    named = set(re.findall(r"`(test_[a-z_]+)`", rule))
+    assert len(named) >= 8, named
+    missing = sorted(name for name in named if name not in globals())
+    assert not missing, f"docs/architecture.md names tests that do not exist: {missing}"
+
+
+def test_every_package_has_one_layer(layers: dict[str, int]) -> None:
+    nodes = {node_of(m, layers) for m in find_modules(PACKAGE)}
+    assert nodes - set(layers) == set(), "packages the layer table does not place"
+    assert set(layers) - nodes == set(), "the layer table names what does not exist"
+
+
+def test_each_layer_imports_only_lower_layers(cadence_edges: list[ImportEdge],
+                                              layers: dict[str, int]) -> None:
+    bad = [f"{a} (layer {layers[a]}) imports {b} (layer {layers[b]}) at "
+           f"{edge.source}:{edge.line}"
+           for (a, b), edge in sorted(package_edges(cadence_edges, layers).items())
+           if layers[b] >= layers[a]]
+    assert not bad, "imports that are not downward in the layer table:\n" + "\n".join(bad)
+
+
+def test_no_package_cycles(cadence_edges: list[ImportEdge], layers: dict[str, int]) -> None:
+    graph: dict[str, set[str]] = {}
+    for a, b in package_edges(cadence_edges, layers):
+        graph.setdefault(a, set()).add(b)
+    cycles = [" -> ".join(shortest_cycle(graph, c)) for c in strongly_connected(graph)]
+    assert not cycles, "package cycles under cadence/:\n" + "\n".join(cycles)
+
+
+def test_launch_imports_nothing_from_cadence(cadence_edges: list[ImportEdge]) -> None:
+    bad = [f"{e.source}:{e.line} imports {e.target}" for e in cadence_edges
+           if _inside(e.source, "cadence.launch") and not _inside(e.target, "cadence.launch")]
+    assert not bad, "\n".join(bad)
+
+
+def test_early_check_modules_import_only_the_standard_library() -> None:
+    modules = {n: p for n, p in find_modules(PACKAGE).items()
+               if any(_inside(n, m) for m in STANDARD_LIBRARY_ONLY)}
+    bad = []
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:  # module level only
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0
+                     else [])
+            for imported in names:
+                top = imported.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in ("cadence", "__future__"):
+                    bad.append(f"{name}:{node.lineno} imports {imported}")
+    assert not bad, "\n".join(bad)
 
 
 # ----------------------------------------------------------------------------- the checker
@@ -418,6 +547,29 @@ def test_checker_counts_an_explicit_import_of_the_enclosing_package(tmp_path: Pa
         "[import at cadence.core:1, cadence.core.state:1]"]
 
 
+def test_checker_finds_a_package_cycle_and_an_upward_import(tmp_path: Path) -> None:
+    """No module cycle, but packages ``a`` and ``b`` import each other: the package graph
+    shows the cycle and the layer table the upward import."""
+    modules = _package(tmp_path, {
+        "cadence/__init__.py": "",
+        "cadence/a/__init__.py": "",
+        "cadence/a/x.py": "from cadence.b.y import thing\n",
+        "cadence/a/w.py": "",
+        "cadence/b/__init__.py": "",
+        "cadence/b/y.py": "thing = 1\n",
+        "cadence/b/z.py": "def f():\n    import cadence.a.w\n",
+    })
+    edges = import_edges(modules)
+    assert not describe_cycles(edges)
+    layers = layer_table("| Layer | Packages |\n|---|---|\n| 1 | `a/` |\n| 2 | `b/`, `cli.py` |\n")
+    assert layers == {"cadence.a": 1, "cadence.b": 2, "cadence.cli": 2}
+    pairs = package_edges(edges, layers)
+    assert set(pairs) == {("cadence.a", "cadence.b"), ("cadence.b", "cadence.a")}
+    graph = {"cadence.a": {"cadence.b"}, "cadence.b": {"cadence.a"}}
+    assert strongly_connected(graph) == [["cadence.a", "cadence.b"]]
+    assert pairs[("cadence.a", "cadence.b")].line == 1  # the upward import, a (1) -> b (2)
+
+
 def test_checker_sees_torch_distributed(tmp_path: Path) -> None:
     path = tmp_path / "m.py"
     path.write_text("import torch\nfrom torch import distributed as d\n"
@@ -427,6 +579,13 @@ def test_checker_sees_torch_distributed(tmp_path: Path) -> None:
 
 
 if __name__ == "__main__":  # python tests/test_import_cycles.py: print the cycles
-    found = describe_cycles(import_edges(find_modules(PACKAGE)))
+    all_edges = import_edges(find_modules(PACKAGE))
+    table = layer_table(rule_section(ARCHITECTURE.read_text(encoding="utf-8")))
+    package_graph: dict[str, set[str]] = {}
+    for source, target in package_edges(all_edges, table):
+        package_graph.setdefault(source, set()).add(target)
+    found = describe_cycles(all_edges) + [
+        "package cycle: " + " -> ".join(shortest_cycle(package_graph, component))
+        for component in strongly_connected(package_graph)]
     print("\n".join(found) or "no import cycles")
     sys.exit(1 if found else 0)

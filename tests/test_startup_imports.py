@@ -163,7 +163,7 @@ def test_registry_imports_every_module_that_registers(package: str) -> None:
 
 
 def test_registry_lists_lazily_imported_components_in_a_fresh_interpreter() -> None:
-    code = ("from cadence.config import registry\n"
+    code = ("from cadence.registry import registry\n"
             "print(registry.algorithms.names(), registry.callbacks.names())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True).stdout

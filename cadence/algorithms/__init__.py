@@ -91,7 +91,7 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 #: The modules whose import registers the algorithms in
-#: :data:`cadence.config.registry.algorithms` (the registry imports them on first look-up).
+#: :data:`cadence.registry.registry.algorithms` (the registry imports them on first look-up).
 _REGISTERING_MODULES = tuple(sorted(set(_LAZY.values())))
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

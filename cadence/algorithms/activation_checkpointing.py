@@ -25,7 +25,7 @@ from cadence.parallel.activation_checkpointing import (
     apply_activation_checkpointing, is_checkpointed, remove_activation_checkpointing,
     select_blocks,
 )
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 
 __all__ = [
     "ActivationCheckpointing", "apply_activation_checkpointing", "remove_activation_checkpointing",

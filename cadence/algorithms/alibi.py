@@ -25,7 +25,7 @@ from cadence.algorithms.alibi_attention import (
 )
 from cadence.algorithms.seq_length_warmup import set_batch_sequence_length
 from cadence.algorithms.warnings import NoEffectWarning
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
 from cadence.utils import module_surgery
 

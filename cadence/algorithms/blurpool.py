@@ -20,7 +20,7 @@ from torch.nn.common_types import _size_2_t
 
 from cadence.algorithms.surgery import InitSurgery
 from cadence.algorithms.warnings import NoEffectWarning
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Event, State
 from cadence.utils import module_surgery
 

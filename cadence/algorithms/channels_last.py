@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
 
 __all__ = ["ChannelsLast", "apply_channels_last"]

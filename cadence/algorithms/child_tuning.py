@@ -58,7 +58,7 @@ from cadence.core import Algorithm, Event, State
 from cadence.core.data_spec import batch_to_device, num_samples, split_batch
 from cadence.parallel import is_shard_placement, unwrap_model
 from cadence.core.precision import Precision, get_precision_context
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.utils.dtensor import local_tensor
 
 __all__ = [

@@ -14,9 +14,10 @@ from typing import Any, Callable, Union
 
 import torch
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
 from cadence.utils.batch_helpers import batch_get, batch_set
+from cadence.utils.misc import add_vision_dataset_transform
 
 __all__ = ["ColOut", "ColOutTransform", "colout_batch"]
 
@@ -209,8 +210,6 @@ class ColOut(Algorithm):
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
         if not self.batch:
-            from cadence.utils.misc import add_vision_dataset_transform
-
             dataset = train_dataset(state, self)
             add_vision_dataset_transform(dataset, ColOutTransform(self.p_row, self.p_col, False),
                                          is_tensor_transform=False)

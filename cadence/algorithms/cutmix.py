@@ -26,7 +26,7 @@ from cadence.algorithms.mixup import (
     _check_indices,
     _require_tensors,
 )
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Event, State
 from cadence.utils.batch_helpers import batch_get, batch_set
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, TypeVar, Union
 import numpy as np
 import torch
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
 from cadence.utils.batch_helpers import batch_get, batch_set
 

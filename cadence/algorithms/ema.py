@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from cadence.core import Algorithm, Event, State, Time, TimeUnit
 from cadence.parallel import unwrap_model
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.utils.dtensor import local_tensor
 
 __all__ = ["EMA", "compute_ema", "smoothing_from_half_life"]

@@ -32,7 +32,7 @@ from cadence.algorithms.factorize_modules import (
     factorizing_could_speedup,
 )
 from cadence.algorithms.surgery import InitSurgery
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Event, State
 from cadence.utils import module_surgery
 

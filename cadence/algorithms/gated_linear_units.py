@@ -18,7 +18,7 @@ from transformers.activations import ACT2FN
 from transformers.models.bert.modeling_bert import BertIntermediate, BertOutput, BertPreTrainedModel
 
 from cadence.algorithms.warnings import NoEffectWarning
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
 from cadence.utils import module_surgery
 

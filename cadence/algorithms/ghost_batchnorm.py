@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from cadence.algorithms.surgery import InitSurgery
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Event, State
 from cadence.utils import module_surgery
 

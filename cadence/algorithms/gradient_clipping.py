@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from cadence.core import Algorithm, Event, State
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 
 __all__ = ["ClippingType", "GradientClipping", "apply_gradient_clipping", "unitwise_norm"]
 

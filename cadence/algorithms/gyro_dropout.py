@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from cadence.algorithms.warnings import NoEffectWarning
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State, TimeUnit
 from cadence.utils import module_surgery
 

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
 from cadence.utils.batch_helpers import batch_get, batch_set
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
 
 __all__ = ["LayerFreezing", "freeze_layers"]

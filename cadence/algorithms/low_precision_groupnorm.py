@@ -22,7 +22,7 @@ from torch import nn
 from cadence.algorithms.low_precision_layernorm import _cast_if_autocast_enabled, is_low_precision
 from cadence.algorithms.surgery import ApplyAtSurgery
 from cadence.algorithms.warnings import NoEffectWarning
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Precision
 from cadence.utils import module_surgery
 

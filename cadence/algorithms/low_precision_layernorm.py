@@ -25,7 +25,7 @@ from torch import nn
 
 from cadence.algorithms.surgery import ApplyAtSurgery
 from cadence.algorithms.warnings import NoEffectWarning
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Precision
 from cadence.utils import module_surgery
 

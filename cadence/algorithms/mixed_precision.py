@@ -33,7 +33,7 @@ from typing import Any
 
 from cadence.core import Algorithm, Event, State
 from cadence.core.precision import Precision
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.utils.precision import bf16_supported
 
 __all__ = ["MixedPrecision"]

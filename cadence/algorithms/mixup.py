@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import torch
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
 from cadence.loss.utils import ensure_targets_one_hot
 from cadence.utils.batch_helpers import batch_get, batch_set

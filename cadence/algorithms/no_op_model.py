@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics.classification import BinaryAccuracy
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
 from cadence.models.base import ComposerModel
 

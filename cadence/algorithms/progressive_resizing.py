@@ -21,7 +21,7 @@ from typing import Any, Callable, Union
 import torch
 import torch.nn.functional as F
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
 from cadence.utils.batch_helpers import batch_get, batch_set
 

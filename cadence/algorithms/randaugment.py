@@ -16,8 +16,9 @@ from typing import Any, Optional, TypeVar
 import numpy as np
 import torch
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
+from cadence.utils.misc import add_vision_dataset_transform
 
 __all__ = ["RandAugment", "RandAugmentTransform", "randaugment_image"]
 
@@ -139,7 +140,6 @@ class RandAugment(Algorithm):
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
         from cadence.algorithms.colout import train_dataset
-        from cadence.utils.misc import add_vision_dataset_transform
 
         dataset = train_dataset(state, self)
         add_vision_dataset_transform(

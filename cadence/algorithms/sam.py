@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
 from cadence.parallel.grad_norm import get_grad_norm
 

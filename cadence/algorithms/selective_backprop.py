@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State, get_precision_context
 from cadence.core.precision import Precision
 from cadence.utils.batch_helpers import batch_get, batch_set

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State, TimeUnit
 
 __all__ = ["SeqLengthWarmup", "set_batch_sequence_length"]

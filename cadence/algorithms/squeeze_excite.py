@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from cadence.algorithms.surgery import InitSurgery
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Event, State
 from cadence.utils import module_surgery
 

@@ -21,7 +21,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
 from cadence.core.time import Time, TimeUnit
 from cadence.utils import module_surgery

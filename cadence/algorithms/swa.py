@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.swa_utils import SWALR, AveragedModel, update_bn
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State, Time, TimeUnit
 from cadence.core.data_spec import batch_to_device
 from cadence.parallel import unwrap_model

@@ -16,7 +16,7 @@ import torch
 import torch.nn.utils.parametrize as parametrize
 from torch import nn
 
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
 from cadence.utils.module_surgery import _refuse_wrapped
 

@@ -1,6 +1,6 @@
 """Callbacks: observe a run and log, one module each, imported on first use. The registry
 imports them on its first look-up (:data:`_REGISTERING_MODULES`), which registers them in
-:data:`cadence.config.registry.callbacks`: ``lr_monitor``, ``speed_monitor``,
+:data:`cadence.registry.registry.callbacks`: ``lr_monitor``, ``speed_monitor``,
 ``memory_monitor``, ``optimizer_monitor``, ``nan_monitor``, ``early_stopper``,
 ``threshold_stopper``, ``runtime_estimator``, ``profiler``, ``load_checkpoint``,
 ``free_outputs``, ``memory_snapshot``, ``oom_observer``, ``activation_monitor``,
@@ -59,7 +59,7 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-#: The modules whose import registers the callbacks in :data:`cadence.config.registry.callbacks`
+#: The modules whose import registers the callbacks in :data:`cadence.registry.registry.callbacks`
 #: (the registry imports them on its first look-up).
 # CheckpointSaver is not a run-file name: the Trainer adds it from its save_* arguments.
 _REGISTERING_MODULES = tuple(sorted(set(_LAZY.values()) - {"cadence.callbacks.checkpoint_saver"}))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
 import torch
 
-from cadence.config.registry import callbacks
+from cadence.registry import callbacks
 from cadence.core import Callback, Time, TimeUnit
 
 if TYPE_CHECKING:

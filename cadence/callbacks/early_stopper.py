@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 from cadence.callbacks.metric_watcher import (
     Comparison, MetricWatcher, lower_is_better, parse_comparison,
 )
-from cadence.config.registry import callbacks
+from cadence.registry import callbacks
 from cadence.core.time import Time, Timestamp, TimeUnit
 
 if TYPE_CHECKING:

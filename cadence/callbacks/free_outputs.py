@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cadence.config.registry import callbacks
+from cadence.registry import callbacks
 from cadence.core import Callback
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
-from cadence.config.registry import callbacks
+from cadence.registry import callbacks
 from cadence.core import Callback, Event, Time
 from cadence.utils.misc import create_interval_scheduler
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Union
 
-from cadence.config.registry import callbacks
+from cadence.registry import callbacks
 from cadence.core import Callback, Time, TimeUnit
 from cadence.utils.batch_helpers import BatchKey, batch_get
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from cadence.config.registry import callbacks
+from cadence.registry import callbacks
 from cadence.core import Callback, Event
 
 if TYPE_CHECKING:

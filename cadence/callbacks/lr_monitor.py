@@ -9,7 +9,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from cadence.core import Callback
-from cadence.config.registry import callbacks
+from cadence.registry import callbacks
 
 if TYPE_CHECKING:
     from cadence.core import State

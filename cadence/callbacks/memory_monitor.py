@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 import torch
 
 from cadence.core import Callback, Time, TimeUnit
-from cadence.config.registry import callbacks
+from cadence.registry import callbacks
 
 if TYPE_CHECKING:
     from cadence.core import State

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 
-from cadence.config.registry import callbacks
+from cadence.registry import callbacks
 from cadence.core import Callback, Time, TimeUnit
 from cadence.utils import dist
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from cadence.core import Callback
 from cadence.utils.dist import all_reduce, get_world_size
-from cadence.config.registry import callbacks
+from cadence.registry import callbacks
 
 if TYPE_CHECKING:
     from cadence.core import State

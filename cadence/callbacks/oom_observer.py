@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from cadence.callbacks.memory_snapshot import model_on_cuda, prepare_folder, trace_name, upload
-from cadence.config.registry import callbacks
+from cadence.registry import callbacks
 from cadence.core import Callback
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 
 from cadence.core import Callback, Time, TimeUnit
 from cadence.parallel.grad_norm import get_grad_norm, get_param_norm
-from cadence.config.registry import callbacks
+from cadence.registry import callbacks
 
 if TYPE_CHECKING:
     from cadence.core import State

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pathlib
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from cadence.config.registry import callbacks
+from cadence.registry import callbacks
 from cadence.profiler.profiler import Profiler
 from cadence.profiler.profiler_schedule import cyclic_schedule
 from cadence.profiler.torch_profiler import TorchProfiler

@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from cadence.callbacks.eval_clock import EvalClockCallback
-from cadence.config.registry import callbacks
+from cadence.registry import callbacks
 
 if TYPE_CHECKING:
     from cadence.core import State

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from cadence.config.registry import callbacks
+from cadence.registry import callbacks
 from cadence.core import Callback, Event
 from cadence.utils import dist
 

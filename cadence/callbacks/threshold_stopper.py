@@ -14,7 +14,7 @@ import torch
 from cadence.callbacks.metric_watcher import (
     Comparison, MetricWatcher, lower_is_better, parse_comparison,
 )
-from cadence.config.registry import callbacks
+from cadence.registry import callbacks
 
 if TYPE_CHECKING:
     from cadence.core.state import State

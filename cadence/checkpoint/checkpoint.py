@@ -75,7 +75,7 @@ from cadence.checkpoint.manifest import verify_checkpoint
 from cadence.checkpoint.metrics_state import load_metrics_state, metrics_state
 from cadence.checkpoint.model_fit import model_mismatch, shapes_of
 from cadence.checkpoint.optim_state import set_full_optimizer_state
-from cadence.checkpoint.rng import get_rng_state, set_rng_state
+from cadence.utils.rng import get_rng_state, set_rng_state
 from cadence.checkpoint.layout import (
     drop_paths, first_value, is_composer_written, not_a_checkpoint, to_file, to_flat,
 )

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
-from cadence.config.errors import ConfigProblem, choice_message
+from cadence.registry.errors import ConfigProblem, choice_message
 from cadence.core.time import Time, TimeUnit
-from cadence.config.section import Section, interval_problem
+from cadence.registry.section import Section, interval_problem
 
 __all__ = ["CheckpointConfig", "STATE_DICT_TYPES"]
 

@@ -31,7 +31,7 @@ from cadence.checkpoint.safe_unpickle import SafeFileSystemReader
 from cadence.checkpoint.writing import write_full_file
 
 __all__ = ["hf_from_checkpoint_path", "hf_model_from_checkpoint", "huggingface_metadata",
-           "load_full_state", "to_full", "to_huggingface"]
+           "load_full_state", "to_full"]
 
 HF_PREFIX = "model."  # HuggingFaceModel keeps the transformers model at .model
 
@@ -44,7 +44,7 @@ def huggingface_metadata(model: torch.nn.Module) -> dict[str, Any]:
         return {}
     from transformers import PreTrainedModel
 
-    from cadence.checkpoint.peft_export import peft_base_model, peft_metadata
+    from cadence.checkpoint.peft_metadata import peft_base_model, peft_metadata
 
     module = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     inner = getattr(module, "model", None)
@@ -236,35 +236,6 @@ def hf_model_from_checkpoint(checkpoint: Path, model_instantiation_class: Any = 
         raise CheckpointError(f"{checkpoint}: weights do not fit {type(model).__name__} (missing "
                               f"{missing[:5]}, unexpected {unexpected[:5]}).")
     return model, _hf_tokenizer(described["tokenizer"])
-
-
-def to_huggingface(checkpoint: Path, out_dir: Path, merge: bool = False) -> Path:
-    """Write the checkpoint's ``transformers`` model to ``out_dir``: ``model.safetensors``,
-    ``config.json`` and, when the run had one, the tokenizer. A ``peft`` model's checkpoint
-    gives its adapter in ``peft``'s format, or with ``merge`` the merged full model
-    (:mod:`cadence.checkpoint.peft_export`).
-
-    Raises:
-        CheckpointError: the checkpoint was not written from a ``HuggingFaceModel``;
-            ``merge`` for a checkpoint without an adapter.
-    """
-    from cadence.checkpoint.peft_export import PEFT_METADATA_KEY, peft_model_from_state, save_peft
-
-    state = load_full_state(checkpoint)
-    metadata = state.get("metadata") or {}
-    if merge or PEFT_METADATA_KEY in metadata:
-        described = _hf_description(state, checkpoint)
-        weights = {k[len(HF_PREFIX):]: v for k, v in state["model"].items()
-                   if k.startswith(HF_PREFIX)}
-        model = peft_model_from_state(weights, metadata, _hf_class(described["class"]),
-                                      described["config"], checkpoint)
-        return save_peft(model, out_dir, merge, _hf_tokenizer(described["tokenizer"]))
-    model, tokenizer = hf_model_from_checkpoint(checkpoint, state=state)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out_dir)
-    return out_dir
 
 
 def hf_from_checkpoint_path(checkpoint_path: str, model_instantiation_class: Any = None,

@@ -48,6 +48,7 @@ import torch
 
 from cadence.checkpoint.errors import CheckpointError
 from cadence.checkpoint.safe_unpickle import from_composer_objects
+from cadence.core.time import Timestamp
 
 __all__ = ["COMPOSER_MARK", "drop_paths", "first_value", "is_composer_written",
            "not_a_checkpoint", "to_file", "to_flat"]
@@ -104,7 +105,7 @@ def is_composer_written(loaded: Any) -> bool:
 
 def _composer_rng(entry: dict[str, Any]) -> dict[str, Any]:
     """One rank of Composer's ``reproducibility.get_rng_state()`` as
-    :func:`~cadence.checkpoint.rng.get_rng_state` returns it."""
+    :func:`~cadence.utils.rng.get_rng_state` returns it."""
     version, internal, gauss = entry["python"]
     out: dict[str, Any] = {"python": [version, list(internal), gauss],
                            "torch": entry["torch"]}
@@ -138,8 +139,6 @@ def _seconds(value: Any) -> Any:
 def _timestamp(value: Any, path: Path) -> dict[str, Any]:
     """``{"Timestamp": {...}}`` (Composer's and this layout), a Timestamp object (from
     :func:`from_composer_objects`) or a bare dict (cadence's older layout) -> the dict."""
-    from cadence.core.time import Timestamp
-
     if isinstance(value, Timestamp):
         return value.state_dict()
     if isinstance(value, dict) and "Timestamp" in value:

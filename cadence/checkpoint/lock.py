@@ -69,20 +69,21 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Mapping, Optional, TypeVar, Union
 
 from cadence.checkpoint.remote import get_filesystem, join
-from cadence.launch.restarts import attempt
 
 __all__ = ["HEARTBEAT_SECONDS", "LOCK_FILENAME", "STALE_SECONDS", "AnyRunLock",
            "RemoteRunLock", "RunLock", "SaveFolderInUse", "acquire_remote_lock",
-           "acquire_run_lock", "alive", "describe", "earlier_attempt", "holder_record",
+           "acquire_run_lock", "alive", "attempt", "describe", "earlier_attempt", "holder_record",
            "release_on_error"]
 
 log = logging.getLogger(__name__)
 
 _F = TypeVar("_F", bound=Callable[..., None])
 
+#: Run ids that do not name one job (torchrun's default), so never prove "the same run".
+_ANONYMOUS_RUN_IDS = ("", "none")
 #: The lock file's name inside the save folder.
 LOCK_FILENAME = "cadence.lock"
 #: How often the holder of a remote lock rewrites its heartbeat (seconds).
@@ -135,6 +136,18 @@ def describe(holder: dict[str, Any]) -> str:
              if holder.get("run_id") else "")
     return (f"run {holder.get('run_name')!r} (host {holder.get('host')}, pid "
             f"{holder.get('pid')}, started {holder.get('started')}{tried})")
+
+
+def attempt(environ: Mapping[str, str] = os.environ) -> tuple[str, int] | None:
+    """``(run id, restart count)`` of this worker group under torchrun, or ``None`` outside
+    torchrun or when the run id is torchrun's anonymous default (``none``)."""
+    run_id = environ.get("TORCHELASTIC_RUN_ID", "")
+    if run_id in _ANONYMOUS_RUN_IDS:
+        return None
+    try:
+        return run_id, int(environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return None
 
 
 def earlier_attempt(holder: Optional[dict[str, Any]]) -> bool:

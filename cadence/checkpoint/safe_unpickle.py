@@ -62,6 +62,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.futures import Future
 
 from cadence.checkpoint.errors import CheckpointError
+from cadence.core.time import Time, Timestamp, TimeUnit
 
 __all__ = ["COMPOSER_GLOBALS", "MAX_PICKLE_BYTES", "CheckpointUnpickler", "RefusedGlobal",
            "SafeFileSystemReader", "composer_globals", "from_composer_objects", "load_pickle",
@@ -300,8 +301,6 @@ class _ComposerTime(_ComposerObject):
 def _time_unit(value: str) -> Any:
     """``composer.core.time.TimeUnit(value)`` (an Enum pickles as a call with its value):
     cadence's ``TimeUnit`` of the same value ("ep", "ba", "sp", "tok", "dur", "iter")."""
-    from cadence.core.time import TimeUnit
-
     if not isinstance(value, str):
         raise pickle.UnpicklingError(f"TimeUnit({value!r}): expected a string value")
     return TimeUnit(value)
@@ -380,8 +379,6 @@ def from_composer_objects(obj: Any) -> Any:
         CheckpointError: a stand-in lacks an attribute cadence needs (not a Composer 0.32
             object).
     """
-    from cadence.core.time import Time, Timestamp
-
     if isinstance(obj, _ComposerTime):
         attrs = obj.attributes
         if "_value" not in attrs or "_unit" not in attrs:

@@ -34,7 +34,7 @@ import types
 import typing
 from typing import Any, Dict, Literal, Optional, Union
 
-from cadence.config.errors import choice_message, show
+from cadence.registry.errors import choice_message, show
 from cadence.core.time import Time
 
 __all__ = ["type_spec", "mismatch", "describe"]

@@ -2,7 +2,7 @@
 
 The order follows llm-foundry's ``train.py``: seed, model, dataloaders, optimizer, schedule,
 algorithms, callbacks, loggers, then the Trainer. Every component comes from its registry
-(:mod:`cadence.config.registry`) by name or dotted import path::
+(:mod:`cadence.registry.registry`) by name or dotted import path::
 
     model      = models.get(name)(**kwargs)
     loader     = datasets.get(name)(batch_size=<per-device batch>, **kwargs)
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from cadence.config import registry
+from cadence.registry import registry
 from cadence.config.load import (
     ConfigError, ConfigProblem, Precision, TrainConfig, check_global_batch_size, config_to_dict,
     is_checked, validate_config,
 )
-from cadence.config.parallelism import ParallelismConfig
+from cadence.parallel.config import ParallelismConfig
 from cadence.utils import dist
 
 if TYPE_CHECKING:

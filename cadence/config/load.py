@@ -16,14 +16,14 @@ A run file (Composer / llm-foundry style)::
 is read with OmegaConf, merged with overrides (``seed=3 model.n_layer=2``), interpolated
 (``${variables.seq_len}``) and turned into a :class:`TrainConfig` at once: the sections
 written as mappings that have a typed form (``parallelism_config``, ``compile_config``) are
-parsed once, here, into a :class:`~cadence.config.parallelism.ParallelismConfig` and a
-:class:`~cadence.config.compile.CompileConfig`, which the builder, the Trainer and the
+parsed once, here, into a :class:`~cadence.parallel.config.ParallelismConfig` and a
+:class:`~cadence.parallel.compile_config.CompileConfig`, which the builder, the Trainer and the
 parallelize plan take as they are. Every problem is
 collected and reported together in one :class:`ConfigError` (the approach of torchtune's
 ``torchtune/config/_validate.py``), each naming the full key path, the bad value and the
 allowed values or the closest match. Component sections (``model``, ``train_loader``,
 ``optimizer``, ``algorithms``...) name a registry entry or a dotted import path
-(see :mod:`cadence.config.registry`); their arguments are checked against the
+(see :mod:`cadence.registry.registry`); their arguments are checked against the
 component's signature before anything is built.
 
 The check runs in two stages (issue 15). The schema (:mod:`cadence.config.schema`:
@@ -47,9 +47,9 @@ import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from cadence.config.compile import CompileConfig
-from cadence.config.errors import ConfigError, ConfigProblem, first_line, show
-from cadence.config.parallelism import ParallelismConfig
+from cadence.parallel.compile_config import CompileConfig
+from cadence.registry.errors import ConfigError, ConfigProblem, first_line, show
+from cadence.parallel.config import ParallelismConfig
 from cadence.config.schema import (
     LOADER_FILLED_ARGS, TYPED_SECTIONS, RunFile, TrainConfig, check_schema,
 )
@@ -95,8 +95,8 @@ def load_config(
 
     Returns:
         The typed config, checked: ``parallelism_config`` is a
-        :class:`~cadence.config.parallelism.ParallelismConfig` and ``compile_config`` a
-        :class:`~cadence.config.compile.CompileConfig` (each ``None`` when not set), and
+        :class:`~cadence.parallel.config.ParallelismConfig` and ``compile_config`` a
+        :class:`~cadence.parallel.compile_config.CompileConfig` (each ``None`` when not set), and
         :func:`~cadence.config.build.build_trainer` does not check it again. ``run_name``
         defaults to ``<file stem>-<YYYYmmdd-HHMMSS>`` when ``source`` is a file (with
         ``autoresume: true``, to the stable ``<file stem>``), and stays ``None`` for a
@@ -109,7 +109,7 @@ def load_config(
             take, missing required keys): when it has problems they are raised at once,
             before torch or any component is imported. Then the values (argument values a
             component declares out of range or its constructor rejects, see
-            :mod:`cadence.config.arg_checks`; a ``load_path`` that does not exist; a global
+            :mod:`cadence.registry.arg_checks`; a ``load_path`` that does not exist; a global
             batch size that does not divide over ``world_size``). Nothing is built before
             this check.
     """
@@ -177,8 +177,8 @@ def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
 
     Used as the run's ``hyperparameters``. ``parallelism_config`` and ``compile_config``
     read as a run file would write them: the settings that differ from the defaults
-    (:meth:`ParallelismConfig.to_dict <cadence.config.parallelism.ParallelismConfig.to_dict>`,
-    :meth:`CompileConfig.to_dict <cadence.config.compile.CompileConfig.to_dict>`).
+    (:meth:`ParallelismConfig.to_dict <cadence.parallel.config.ParallelismConfig.to_dict>`,
+    :meth:`CompileConfig.to_dict <cadence.parallel.compile_config.CompileConfig.to_dict>`).
     """
     values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     sections = {key: values.pop(key) for key in TYPED_SECTIONS}

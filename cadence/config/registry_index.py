@@ -3,7 +3,7 @@
 The first stage of the run-file check (:mod:`cadence.config.schema`) checks
 registry names and each registered component's argument names and types from this index,
 so a typo is reported without importing torch, transformers or any component module. The
-index is generated from the real registries (:mod:`cadence.config.registry`) by
+index is generated from the real registries (:mod:`cadence.registry.registry`) by
 introspection and checked in as :mod:`cadence.config.registry_index_data`;
 ``tests/config/test_registry_index.py`` regenerates it and fails when it is out of date.
 Regenerate after adding or changing a registered component::
@@ -31,12 +31,13 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from cadence.config.arg_types import type_spec
-from cadence.config.errors import qualname
+from cadence.registry.errors import qualname
+from cadence.registry import registry
 
 __all__ = ["component_spec", "build_index", "render_index", "load_index", "lookup",
            "indexed_names", "REGISTRIES", "DATA_FILE", "REGENERATE", "main"]
 
-#: The registries indexed, by their ``kind`` (the ``cadence.config.registry`` attribute).
+#: The registries indexed, by their ``kind`` (the ``cadence.registry.registry`` attribute).
 REGISTRIES = {"model": "models", "algorithm": "algorithms", "callback": "callbacks",
               "logger": "loggers", "dataset": "datasets", "optimizer": "optimizers",
               "scheduler": "schedulers"}
@@ -79,8 +80,6 @@ def _type_hints(target: Callable[..., Any]) -> dict[str, Any]:
 def build_index() -> dict[str, dict[str, dict[str, Any]]]:
     """``{kind: {name: component_spec}}`` from the real registries (imports every built-in
     component module)."""
-    from cadence.config import registry
-
     return {kind: {name: component_spec(target)
                    for name, target in getattr(registry, attr).items()}
             for kind, attr in REGISTRIES.items()}

@@ -27,17 +27,17 @@ from typing import Any, Dict, List, Mapping, Optional
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from cadence.config import registry
+from cadence.registry import registry
 from cadence.config.arg_types import describe, mismatch
-from cadence.config.compile import CompileConfig, check_compile_config
-from cadence.config.errors import (
+from cadence.parallel.compile_config import CompileConfig, check_compile_config
+from cadence.registry.errors import (
     ConfigProblem, choice_message, did_you_mean, first_line, show,
 )
-from cadence.config.parallelism import ParallelismConfig, check_parallelism_config
+from cadence.parallel.config import ParallelismConfig, check_parallelism_config
 from cadence.core.precision import Precision
 from cadence.config.registry_index import component_spec, indexed_names, lookup
-from cadence.config.targets import dotted_path_problem, is_dotted_path
-from cadence.config.section import section_problems
+from cadence.registry.targets import dotted_path_problem, is_dotted_path
+from cadence.registry.section import section_problems
 from cadence.trainer.trainer_config import SECTIONS
 
 __all__ = ["TrainConfig", "RunFile", "check_schema", "argument_problems", "Section",
@@ -129,8 +129,8 @@ def _train_config() -> type:
     :class:`~cadence.trainer.trainer_config.LoggingConfig`,
     :class:`~cadence.checkpoint.checkpoint_config.CheckpointConfig`,
     :class:`~cadence.trainer.preemption.PreemptionConfig`; ``parallelism_config``
-    (:class:`~cadence.config.parallelism.ParallelismConfig`) and ``compile_config``
-    (:class:`~cadence.config.compile.CompileConfig`) are typed whole from their mappings.
+    (:class:`~cadence.parallel.config.ParallelismConfig`) and ``compile_config``
+    (:class:`~cadence.parallel.compile_config.CompileConfig`) are typed whole from their mappings.
     Time values are strings in :class:`~cadence.Time` syntax (``"2ep"``, ``"100ba"``).
 
     Args:

@@ -6,7 +6,7 @@ code named by a dotted path), checks the argument names and types of the compone
 first stage could not see, then the values: top-level ranges and name templates, a
 ``load_path`` that must exist, ``device: cuda`` on a machine with CUDA, ``compile_config``,
 each component's declared value checks and (for cheap kinds) its constructor (see
-:mod:`cadence.config.arg_checks`), and that ``global_train_batch_size`` divides over the
+:mod:`cadence.registry.arg_checks`), and that ``global_train_batch_size`` divides over the
 data-parallel ranks.
 """
 
@@ -16,10 +16,10 @@ import os
 import string
 from typing import Any, Callable, Mapping, Optional
 
-from cadence.config.arg_checks import Check, check_arg_values, probe
-from cadence.config.compile import backend_problems
-from cadence.config.errors import ConfigProblem
-from cadence.config.parallelism import layer_plan_problems
+from cadence.registry.arg_checks import Check, check_arg_values, probe
+from cadence.parallel.compile_config import backend_problems
+from cadence.registry.errors import ConfigProblem
+from cadence.parallel.config import layer_plan_problems
 from cadence.config.schema import (
     MULTI_SECTIONS, SINGLE_SECTIONS, Section, argument_problems,
 )
@@ -161,7 +161,7 @@ def _usable_folder(folder: str) -> bool:
     return check_url(folder)  # s3://... needs s3fs: the error names the extra
 
 
-#: Value checks of top-level keys beyond their type (see cadence.config.arg_checks.Check).
+#: Value checks of top-level keys beyond their type (see cadence.registry.arg_checks.Check).
 _FIELD_CHECKS: dict[str, Check] = {
     "max_duration": Check(_positive_duration, "a duration > 0, e.g. '1ep' or '100ba'"),
     "run_name": Check(_plain_name, "a plain name"),

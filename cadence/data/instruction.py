@@ -75,8 +75,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from cadence.config.arg_checks import Check, arg_checks
-from cadence.config.registry import datasets
+from cadence.registry.arg_checks import Check, arg_checks
+from cadence.registry import datasets
 from cadence.data.cache import resolve_cache_dir
 from cadence.utils.dist import get_sampler
 from cadence.utils.packages import resolve_package_path

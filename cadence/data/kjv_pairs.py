@@ -30,7 +30,7 @@ from typing import Any, Optional, Union
 
 from torch.utils.data import DataLoader
 
-from cadence.config.registry import datasets
+from cadence.registry import datasets
 from cadence.data.cache import atomic_write, cache_key, file_lock, resolve_cache_dir
 from cadence.data.corpora import locate_corpus
 from cadence.data.instruction import instruction_dataloader

@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from cadence.utils.dist import get_sampler
-from cadence.config.registry import datasets
+from cadence.registry import datasets
 from cadence.utils.packages import package_dir, resolve_package_path
 
 __all__ = ["LABELS", "SENTIMENT_CSV", "TweetSentimentDataset", "load_tweets", "minilm_dir",

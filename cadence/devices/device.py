@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from cadence.core.data_spec import batch_to_device as _batch_to_device
+
 __all__ = ["Device"]
 
 T_nnModule = TypeVar("T_nnModule", bound=torch.nn.Module)
@@ -48,9 +50,8 @@ class Device(ABC):
         """``batch`` with every tensor moved to the device: tensors, mappings (a tokenizer's
         ``BatchEncoding`` included), lists, tuples and named tuples, nested; other values
         are kept as they are. Same traversal as the Trainer's own batch transfer."""
-        from cadence.core.data_spec import batch_to_device
+        return _batch_to_device(batch, self._device)
 
-        return batch_to_device(batch, self._device)
 
     def optimizer_to_device(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Move the tensors of ``optimizer``'s state (moments, steps) to the device."""

@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from cadence.devices.device import Device
+from cadence.utils.dist import get_local_rank
 
 __all__ = ["DeviceGPU"]
 
@@ -32,8 +33,6 @@ class DeviceGPU(Device):
             raise ValueError("DeviceGPU needs CUDA, which is not available here; use "
                              "device='cpu' (DeviceCPU).")
         if device_id is None:
-            from cadence.utils.dist import get_local_rank
-
             device_id = get_local_rank()
         self._device = torch.device("cuda", device_id)
         torch.cuda.set_device(self._device)

@@ -13,9 +13,10 @@ verified checkpoint). This module adds what torchrun leaves out:
 - :func:`announce_restart` (worker side, rank 0): ``cadence: restart 1 of 2 after rank 1 was
   killed by SIGKILL (9) ...`` from torchrun's ``TORCHELASTIC_RESTART_COUNT`` and
   ``TORCHELASTIC_MAX_RESTARTS``.
-- :func:`attempt` (worker side): this group's run id and restart count, which the save
-  folder's lock records so that a restarted group takes over the lock of its own earlier
-  attempt (:func:`cadence.checkpoint.lock.earlier_attempt`).
+
+This group's run id and restart count, which the save folder's lock records so that a
+restarted group takes over the lock of its own earlier attempt, are read on the worker side
+by :func:`cadence.checkpoint.lock.attempt`.
 
 Standard library only (the launcher imports torch's agent itself).
 """
@@ -28,25 +29,11 @@ import sys
 import threading
 from typing import Any, Iterator, Mapping, TextIO
 
-__all__ = ["REASON_ENV", "AttemptRecorder", "announce_restart", "attempt", "first_error"]
+__all__ = ["REASON_ENV", "AttemptRecorder", "announce_restart", "first_error"]
 
 #: Environment variable through which the launcher tells a restarted group why the previous
 #: attempt ended.
 REASON_ENV = "CADENCE_RESTART_REASON"
-#: Run ids that do not name one job (torchrun's default), so never prove "the same run".
-_ANONYMOUS_RUN_IDS = ("", "none")
-
-
-def attempt(environ: Mapping[str, str] = os.environ) -> tuple[str, int] | None:
-    """``(run id, restart count)`` of this worker group under torchrun, or ``None`` outside
-    torchrun or when the run id is torchrun's anonymous default (``none``)."""
-    run_id = environ.get("TORCHELASTIC_RUN_ID", "")
-    if run_id in _ANONYMOUS_RUN_IDS:
-        return None
-    try:
-        return run_id, int(environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    except ValueError:
-        return None
 
 
 def announce_restart(environ: Mapping[str, str] = os.environ,

@@ -51,7 +51,7 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 #: The modules whose import registers the destinations in
-#: :data:`cadence.config.registry.loggers` (the registry imports them on first look-up).
+#: :data:`cadence.registry.registry.loggers` (the registry imports them on first look-up).
 _REGISTERING_MODULES = tuple(sorted(
     set(_LAZY.values()) - {"cadence.loggers.logger", "cadence.loggers.logger_destination"}))
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, TextIO, Unio
 from cadence.core.time import Time, TimeUnit
 from cadence.utils.dist import get_global_rank, get_local_rank
 from cadence.loggers.logger_destination import LoggerDestination, to_python
-from cadence.config.registry import loggers
+from cadence.registry import loggers
 
 if TYPE_CHECKING:
     from cadence.core.state import State

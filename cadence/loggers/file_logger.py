@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from cadence.utils.dist import get_global_rank
 from cadence.loggers.logger_destination import LoggerDestination, to_python
-from cadence.config.registry import loggers
+from cadence.registry import loggers
 
 if TYPE_CHECKING:
     from cadence.core.state import State

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 import numpy as np
 
 from cadence.loggers.logger_destination import LoggerDestination, to_python
-from cadence.config.registry import loggers
+from cadence.registry import loggers
 
 if TYPE_CHECKING:
     from cadence.core.state import State

@@ -25,7 +25,7 @@ from cadence.loggers.console_logger import (
 )
 from cadence.loggers.logger_destination import to_python
 from cadence.loggers.logger_destination import LoggerDestination
-from cadence.config.registry import loggers
+from cadence.registry import loggers
 
 if TYPE_CHECKING:
     from cadence.core.state import State

@@ -25,7 +25,7 @@ import uuid
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
-from cadence.config.registry import loggers
+from cadence.registry import loggers
 from cadence.loggers.logger_destination import LoggerDestination
 from cadence.utils import dist
 

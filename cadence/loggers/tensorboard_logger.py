@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 from cadence.utils.dist import get_global_rank
 from cadence.loggers.logger_destination import image_batch, mask_batch, to_python
 from cadence.loggers.tracker_destination import TrackerDestination, flatten_hyperparameters
-from cadence.config.registry import loggers
+from cadence.registry import loggers
 
 if TYPE_CHECKING:
     from cadence.core.state import State

@@ -15,6 +15,8 @@ from typing import Any, Callable
 import torch
 from torchmetrics import Metric
 
+from cadence.loss import soft_cross_entropy
+
 __all__ = ["CrossEntropy", "Dice", "LossMetric", "MIoU"]
 
 
@@ -48,8 +50,6 @@ class CrossEntropy(Metric):
     def update(self, preds: torch.Tensor, targets: torch.Tensor) -> None:  # type: ignore[override]
         """Add one batch: logits ``[N, C, ...]`` and class ids ``[N, ...]`` or
         probabilities ``[N, C, ...]``."""
-        from cadence.loss import soft_cross_entropy
-
         self.sum_loss += soft_cross_entropy(preds, targets, ignore_index=self.ignore_index)
         self.total_batches += 1
 

@@ -1,7 +1,7 @@
 """Models: the :class:`ComposerModel` interface, the ``transformers`` wrapper and builders.
 
 The built-in model builders (``gpt2``, ``hf_pretrained``) live in :mod:`cadence.models.gpt`
-and register in :data:`cadence.config.registry.models` when it is imported (the registry
+and register in :data:`cadence.registry.registry.models` when it is imported (the registry
 imports it on first look-up). Everything that needs ``transformers`` or ``torchmetrics`` is
 imported on first access, so ``import cadence`` stays fast.
 """

@@ -37,8 +37,8 @@ from transformers import (
 
 from cadence.models.huggingface import HuggingFaceModel
 from cadence.models.peft import check_peft_arg, peft_config_from_dict
-from cadence.config.arg_checks import Check, arg_checks, arg_relation, at_least
-from cadence.config.registry import models
+from cadence.registry.arg_checks import Check, arg_checks, arg_relation, at_least
+from cadence.registry import models
 from cadence.utils.packages import resolve_package_path
 
 __all__ = ["gpt2", "hf_pretrained", "load_tokenizer", "GPT2_EOS_TOKEN_ID", "TASKS"]

@@ -12,7 +12,7 @@ the size of the learning rate.
 Source: Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019
 (arXiv:1711.05101); MosaicML Composer's ``DecoupledAdamW`` / ``DecoupledSGDW``
 (``composer/optim/decoupled_weight_decay.py``): same arguments, defaults and update.
-Both register in :data:`cadence.config.registry.optimizers` as ``decoupled_adamw`` and
+Both register in :data:`cadence.registry.registry.optimizers` as ``decoupled_adamw`` and
 ``decoupled_sgdw``.
 """
 
@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 
-from cadence.config.registry import optimizers
+from cadence.registry import optimizers
 
 __all__ = ["DecoupledAdamW", "DecoupledSGDW"]
 

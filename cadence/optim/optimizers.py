@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cadence.config.arg_checks import at_least, declare_arg_checks, each, in_interval
-from cadence.config.registry import optimizers
+from cadence.registry.arg_checks import at_least, declare_arg_checks, each, in_interval
+from cadence.registry import optimizers
 from cadence.optim.scheduler import ComposerScheduler, scheduler_multiplier
 
 if TYPE_CHECKING:

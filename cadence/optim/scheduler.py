@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, Union
 import torch
 
 from cadence.core.time import Time, TimeUnit
-from cadence.config.registry import schedulers as scheduler_registry
+from cadence.registry import schedulers as scheduler_registry
 
 if TYPE_CHECKING:
     from cadence.core.state import State

@@ -3,7 +3,9 @@
 DDP; single process, DDP, FSDP2 and FSDP2 x TP are one path.
 
 Names are imported on first use (:mod:`cadence._lazy`), so the run-file check can read
-:mod:`cadence.config.parallelism` (the typed ``parallelism_config``) without importing torch.
+:mod:`cadence.parallel.config` (the typed ``parallelism_config``),
+:mod:`cadence.parallel.compile_config` and :mod:`cadence.parallel.tp_styles` without importing
+torch.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from cadence.config.parallelism import (
+    from cadence.parallel.config import (
         FSDPConfig, ParallelismConfig, TPConfig, parse_parallelism_config,
     )
     from cadence.parallel.fsdp import plan_fsdp_units
@@ -31,7 +33,7 @@ __all__ = [
     "plan_fsdp_units", "unwrap_model", "is_fsdp", "remap_optimizer_params", "is_shard_placement",
 ]
 
-_config, _mesh = "cadence.config.parallelism", "cadence.parallel.mesh"
+_config, _mesh = "cadence.parallel.config", "cadence.parallel.mesh"
 __getattr__, __dir__ = lazy_exports(__name__, {
     "FSDPConfig": _config, "TPConfig": _config, "ParallelismConfig": _config,
     "parse_parallelism_config": _config, "plan_fsdp_units": "cadence.parallel.fsdp",

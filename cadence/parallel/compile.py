@@ -15,15 +15,9 @@ model's ``_no_split_modules`` (``GPT2Block`` for GPT-2). Identical blocks share 
 compiled graph (the cache is per code object), so compile time grows with the number of
 distinct block kinds, not with depth.
 
-Run-file form::
-
-    compile:
-      enabled: true
-      mode: default          # default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs
-      fullgraph: false
-      dynamic: null          # true | false | null (let dynamo decide)
-      backend: inductor      # any name in torch._dynamo.list_backends(exclude_tags=())
-      per_block: true
+The settings are :class:`~cadence.parallel.compile_config.CompileConfig` (a run file's
+``compile_config`` section, or ``Trainer(compile_config=...)``), checked without torch in
+:mod:`cadence.parallel.compile_config`, the one home of their names, defaults and checks.
 
 Sources: ``torch.compile`` and ``nn.Module.compile`` (PyTorch docs); torchtitan
 ``apply_compile`` (``torchtitan/models/llama3/infra/parallelize.py``).
@@ -35,7 +29,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 from torch import nn
 
-from cadence.config.compile import (
+from cadence.parallel.compile_config import (
     COMPILE_MODES, CompileConfig, parse_compile_config,
 )
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from cadence.utils import dist
-from cadence.config.parallelism import ParallelismConfig
+from cadence.parallel.config import ParallelismConfig
 from cadence.parallel.mesh import mesh_dims
 from cadence.parallel.parallel_dims import ParallelDims
 

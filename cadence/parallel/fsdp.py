@@ -40,7 +40,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from cadence.utils import dist
-from cadence.config.parallelism import FSDPConfig
+from cadence.parallel.config import FSDPConfig
 from cadence.parallel.param_init import shared_parameters
 
 __all__ = ["FSDPUnit", "apply_fsdp", "plan_fsdp_units", "mixed_precision_policy",

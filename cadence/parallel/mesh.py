@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh
 
-from cadence.config.parallelism import FSDPConfig, ParallelismConfig
+from cadence.parallel.config import FSDPConfig, ParallelismConfig
 
 __all__ = ["mesh_shape", "mesh_dims", "data_parallel_mesh"]
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
 
-    from cadence.config.parallelism import ParallelismConfig
+    from cadence.parallel.config import ParallelismConfig
 
 __all__ = ["ParallelDims", "build_mesh"]
 
@@ -102,7 +102,7 @@ class ParallelDims:
                 ranks per node, tp without fsdp over more than one tp group, or fsdp degrees
                 that do not fit (naming the key; :func:`cadence.parallel.mesh.mesh_dims`).
         """
-        from cadence.config.parallelism import ParallelismConfig
+        from cadence.parallel.config import ParallelismConfig
 
         config = config if config is not None else ParallelismConfig()
         world = dist.get_world_size() if world_size is None else int(world_size)

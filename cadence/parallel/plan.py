@@ -31,11 +31,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from cadence.utils import dist
+from cadence.utils.dtensor import local_tensor
 from cadence.parallel.activation_checkpointing import (
     ActivationCheckpointingConfig, apply_ac,
 )
 from cadence.parallel.compile import CompileConfig, apply_compile
-from cadence.config.parallelism import ParallelismConfig
+from cadence.parallel.config import ParallelismConfig
 from cadence.parallel.fsdp import apply_fsdp
 from cadence.parallel.mesh import data_parallel_mesh
 from cadence.parallel.parallel_dims import ParallelDims
@@ -233,8 +234,6 @@ def _ensure_process_group(device: torch.device) -> None:
 def _broadcast_module_states(model: nn.Module, device: torch.device) -> None:
     """Copy rank 0's parameters and buffers to every rank (``sync_module_states``), one
     tensor at a time through ``device`` (a CPU model under NCCL is staged there)."""
-    from cadence.utils.dtensor import local_tensor
-
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
             local = local_tensor(tensor.data)

@@ -60,7 +60,7 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel, parallelize_module,
 )
 
-from cadence.config.tp_styles import TP_STYLE_NAMES, resolve_tp_style
+from cadence.parallel.tp_styles import TP_STYLE_NAMES, resolve_tp_style
 
 __all__ = [
     "TPPlan", "TPEntry", "BLOCK_PLANS", "STYLE_NAMES", "plan_tensor_parallel", "apply_tp",
@@ -90,7 +90,7 @@ BLOCK_PLANS: dict[str, dict[str, str]] = {
 """Built-in plans, relative to each block of that class: Megatron's split of attention and MLP."""
 
 STYLE_NAMES = TP_STYLE_NAMES
-"""The style names a plan may use (:data:`cadence.config.tp_styles.TP_STYLE_NAMES`)."""
+"""The style names a plan may use (:data:`cadence.parallel.tp_styles.TP_STYLE_NAMES`)."""
 
 
 def is_shard_placement(placement: Any) -> bool:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ContextManager, Optional
 import torch
 
 if TYPE_CHECKING:
-    from cadence.config.parallelism import FSDPConfig
+    from cadence.parallel.config import FSDPConfig
 
 __all__ = ["GradientSync"]
 

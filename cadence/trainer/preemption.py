@@ -39,8 +39,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, List, NoReturn, Optional
 
-from cadence.config.errors import ConfigProblem
-from cadence.config.section import Section
+from cadence.registry.errors import ConfigProblem
+from cadence.registry.section import Section
 
 if TYPE_CHECKING:
     from cadence.core import State

@@ -41,7 +41,7 @@ from cadence.loggers.logger_destination import LoggerDestination
 from cadence.core.data_spec import (DataSpec, batch_to_device, count_tokens, ensure_data_spec,
                                      tensor_shapes)
 from cadence.optim.optimizers import compile_scheduler, trainable_parameters
-from cadence.config.errors import did_you_mean
+from cadence.registry.errors import did_you_mean
 from cadence.parallel import ParallelismConfig, ParallelPlan, parallelize, remap_optimizer_params, unwrap_model
 from cadence.parallel.compile import CompileConfig
 from cadence.parallel.parallel_dims import ParallelDims

@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional
 
 from cadence.checkpoint.checkpoint_config import CheckpointConfig
-from cadence.config.compile import CompileConfig, parse_compile_config
-from cadence.config.errors import ConfigError, ConfigProblem, choice_message, did_you_mean
-from cadence.config.parallelism import ParallelismConfig, parse_parallelism_config
-from cadence.config.section import Section, interval_problem
+from cadence.parallel.compile_config import CompileConfig, parse_compile_config
+from cadence.registry.errors import ConfigError, ConfigProblem, choice_message, did_you_mean
+from cadence.parallel.config import ParallelismConfig, parse_parallelism_config
+from cadence.registry.section import Section, interval_problem
 from cadence.core.precision import Precision
 from cadence.core.time import Time, TimeUnit
 from cadence.trainer.preemption import PreemptionConfig

@@ -22,6 +22,7 @@ from cadence.core import Evaluator, Time, TimeUnit
 from cadence.core.precision import Precision
 from cadence.core.state import as_list
 from cadence.trainer.trainer_config import LoggingConfig, RunConfig
+from cadence.utils.reproducibility import configure_deterministic_mode
 
 __all__ = [
     "EvalDataloader", "RUN_NAME_ENV_VARS", "agree_across_ranks",
@@ -308,8 +309,6 @@ def apply_run_settings(run: RunConfig) -> str:
                                    "%(levelname)s: %(name)s: %(message)s")
         logging.getLogger("cadence").setLevel(level)
     if run.deterministic_mode:
-        from cadence.utils.reproducibility import configure_deterministic_mode
-
         configure_deterministic_mode()
     return run.ddp_sync_strategy or "single_auto_sync"
 

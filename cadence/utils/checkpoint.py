@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import cadence.checkpoint.checkpoint as _impl
-from cadence.checkpoint.object_store import check_object_store, fetched_from_store
-from cadence.checkpoint.remote import fetched, is_remote
-from cadence.checkpoint.rng import get_rng_state
+from cadence.checkpoint.object_store import _download, check_object_store, fetched_from_store
+from cadence.checkpoint.remote import RemoteFolder, fetched, is_remote, split_url
+from cadence.utils.rng import get_rng_state
 from cadence.core.state import State
 from cadence.utils import dist
 
@@ -330,7 +330,7 @@ def load_checkpoint(
         which cadence has already restored from the checkpoint (so there is nothing left to
         apply; a rank the checkpoint had no state for keeps its own). Each is a dict
         ``{"python", "numpy", "torch"[, "cuda"]}`` in cadence's encoding
-        (:func:`cadence.checkpoint.rng.get_rng_state`), not Composer's.
+        (:func:`cadence.utils.rng.get_rng_state`), not Composer's.
 
     Raises:
         CheckpointError: as above, or the download from ``object_store`` failed.
@@ -395,8 +395,6 @@ def download_checkpoint(path: str, node_checkpoint_folder: str,
     """
     import shutil
 
-    from cadence.checkpoint.object_store import _download
-    from cadence.checkpoint.remote import RemoteFolder, split_url
 
     del progress_bar
     check_object_store(object_store)

@@ -12,8 +12,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
+from cadence.core.event import Event
+from cadence.core.time import Time, TimeUnit
+
 if TYPE_CHECKING:
-    from cadence.core import Event, State, Time
+    from cadence.core import State
 
 __all__ = ["add_vision_dataset_transform", "create_interval_scheduler"]
 
@@ -48,8 +51,6 @@ def create_interval_scheduler(
         RuntimeError (when called): a ``dur`` interval with an unsized dataloader and
             ``max_duration`` in epochs.
     """
-    from cadence.core import Event, Time, TimeUnit
-
     if final_events is None:
         final_events = {Event.BATCH_CHECKPOINT, Event.EPOCH_CHECKPOINT}
     time_interval = Time.from_input(interval, TimeUnit.EPOCH)

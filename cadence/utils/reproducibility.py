@@ -3,7 +3,7 @@
 Source: MosaicML Composer's ``composer/utils/reproducibility.py`` (``seed_all``,
 ``get_random_seed``, ``configure_deterministic_mode``, ``get_rng_state``,
 ``load_rng_state``, ``seed_context``, ``MAX_SEED``: same names and behaviour). The RNG
-states a checkpoint holds are :mod:`cadence.checkpoint.rng`'s.
+states a checkpoint holds are :mod:`cadence.utils.rng`'s.
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
+
+from cadence.utils import dist
+from cadence.utils.rng import get_rng_state as local_state
+from cadence.utils.rng import set_rng_state
 
 __all__ = ["MAX_SEED", "configure_deterministic_mode", "get_random_seed", "get_rng_state",
            "load_rng_state", "seed_all", "seed_context"]
@@ -69,12 +73,10 @@ MAX_SEED = 2**32 - 1
 def get_rng_state() -> list[dict[str, Any]]:
     """Every rank's RNG states (Python, NumPy, torch CPU and CUDA), indexed by global rank
     (Composer's; a collective on several ranks). Each entry holds only tensors and plain
-    values (:func:`cadence.checkpoint.rng.get_rng_state`), so it saves with
+    values (:func:`cadence.utils.rng.get_rng_state`), so it saves with
     ``torch.save`` and loads with ``weights_only=True``."""
-    from cadence.checkpoint.rng import get_rng_state as local_state
-    from cadence.utils import dist
-
     return dist.all_gather_object(local_state())
+
 
 
 def load_rng_state(rng_state_dicts: list[dict[str, Any]]) -> None:
@@ -85,9 +87,6 @@ def load_rng_state(rng_state_dicts: list[dict[str, Any]]) -> None:
     Raises:
         ValueError: ``rng_state_dicts`` is empty.
     """
-    from cadence.checkpoint.rng import set_rng_state
-    from cadence.utils import dist
-
     if not rng_state_dicts:
         raise ValueError("load_rng_state needs the list get_rng_state() returned; got none.")
     world, rank = dist.get_world_size(), dist.get_global_rank()
@@ -103,9 +102,6 @@ def load_rng_state(rng_state_dicts: list[dict[str, Any]]) -> None:
 def seed_context(seed: int) -> Iterator[None]:
     """Run the block with every RNG seeded by ``seed`` (:func:`seed_all`), then put back the
     states from before it, so the code around it draws as if the block had not run."""
-    from cadence.checkpoint.rng import get_rng_state as local_state
-    from cadence.checkpoint.rng import set_rng_state
-
     saved = local_state()
     seed_all(seed)
     try:

@@ -16,7 +16,7 @@ from cadence.algorithms import (
 )
 from cadence.algorithms.activation_checkpointing import is_checkpointed
 from cadence.parallel import plan_fsdp_units
-from cadence.config.parallelism import FSDPConfig
+from cadence.parallel.config import FSDPConfig
 from tests.algorithms.algorithm_helpers import (
     CountingTokens, full, run_trainer, tiny_gpt, token_loader,
 )

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cadence import Algorithm, Event, State
-from cadence.config.registry import algorithms
+from cadence.registry import algorithms
 from cadence.core import Time, Timestamp
 from tests.common.models import SimpleModel, make_dataloader
 

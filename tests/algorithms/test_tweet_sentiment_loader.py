@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from cadence.data.sentiment import LABELS, load_tweets, minilm_dir, tweet_sentiment_dataloader
-from cadence.config.registry import datasets
+from cadence.registry import datasets
 from cadence.utils.packages import resolve_package_path
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import torch
 from cadence import Trainer
 from cadence.callbacks import ActivationMonitor
 from cadence.callbacks.activation_monitor import activation_stats, compute_kurtosis
-from cadence.config import registry
+from cadence.registry import registry
 from cadence.loggers import InMemoryLogger
 from tests.common.models import SimpleModel, make_dataloader
 

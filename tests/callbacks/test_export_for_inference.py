@@ -11,7 +11,7 @@ import torch
 
 from cadence import Trainer
 from cadence.callbacks import ExportForInferenceCallback
-from cadence.config import registry
+from cadence.registry import registry
 from tests.common.models import make_dataloader
 
 

@@ -8,7 +8,7 @@ import torch
 
 from cadence import Callback, Trainer
 from cadence.callbacks import FreeOutputs
-from cadence.config import registry
+from cadence.registry import registry
 from tests.common.models import SimpleModel, make_dataloader
 
 

@@ -10,7 +10,7 @@ import torch
 from cadence import Callback, Trainer
 from cadence.callbacks import LoadCheckpoint
 from cadence.checkpoint.errors import CheckpointError
-from cadence.config import registry
+from cadence.registry import registry
 from cadence.core import Event
 from cadence.utils.checkpoint import save_checkpoint
 from tests.common.models import SimpleModel, make_dataloader

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from cadence.callbacks import LRMonitor
-from cadence.config import registry
+from cadence.registry import registry
 from cadence.core import State, Time
 from cadence.loggers import InMemoryLogger, Logger
 

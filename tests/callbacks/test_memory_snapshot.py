@@ -13,7 +13,7 @@ import torch
 
 from cadence import Trainer
 from cadence.callbacks import MemorySnapshot, OOMObserver
-from cadence.config import registry
+from cadence.registry import registry
 from cadence.core import State
 from tests.common.models import SimpleModel, make_dataloader
 

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from cadence import Trainer
 from cadence.callbacks import ProfilerCallback
-from cadence.config import registry
+from cadence.registry import registry
 from cadence.utils import dist
 from tests.common.models import SimpleModel, make_dataloader
 

@@ -7,7 +7,7 @@ import torch
 
 import cadence.callbacks.speed_monitor as speed_monitor_module
 from cadence.callbacks import SpeedMonitor
-from cadence.config import registry
+from cadence.registry import registry
 from cadence.core import State, Time
 from cadence.loggers import InMemoryLogger, Logger
 from tests.common.clock import FakeClock, install_fake_clock

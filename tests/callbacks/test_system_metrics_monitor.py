@@ -8,7 +8,7 @@ import torch
 
 from cadence import Trainer
 from cadence.callbacks import SystemMetricsMonitor
-from cadence.config import registry
+from cadence.registry import registry
 from cadence.loggers import InMemoryLogger
 from tests.common.models import SimpleModel, make_dataloader
 

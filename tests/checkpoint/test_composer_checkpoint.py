@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from cadence import Callback, Trainer
 from cadence.checkpoint.checkpoint import read_metadata
 from cadence.checkpoint.errors import CheckpointError
-from cadence.checkpoint.rng import get_rng_state
+from cadence.utils.rng import get_rng_state
 from cadence.models import ComposerClassifier
 from cadence.optim import LinearWithWarmupScheduler
 

@@ -15,12 +15,12 @@ from typing import Any, Literal, Optional
 import pytest
 import torch
 
-from cadence.config import registry
+from cadence.registry import registry
 from cadence.config.build import build_trainer, per_device_batch_size
 from cadence.config.load import (
     ConfigError, Precision, TrainConfig, config_to_dict, load_config, validate_config,
 )
-from cadence.config.parallelism import FSDPConfig, ParallelismConfig
+from cadence.parallel.config import FSDPConfig, ParallelismConfig
 from cadence.core.time import Time, TimeUnit
 
 # --------------------------------------------------------------------------------------------
@@ -507,8 +507,8 @@ TYPED_SECTIONS_YAML = (
 def test_load_config_types_the_sections_once_and_build_trainer_takes_them_as_they_are(
     tmp_path: Path, fake_trainer: type[RecordingTrainer], check_calls: dict[str, int]
 ) -> None:
-    from cadence.config.compile import CompileConfig
-    from cadence.config.parallelism import TPConfig
+    from cadence.parallel.compile_config import CompileConfig
+    from cadence.parallel.config import TPConfig
 
     cfg = load_config(write(tmp_path, VALID + TYPED_SECTIONS_YAML))
     assert cfg.parallelism_config == ParallelismConfig(
@@ -533,7 +533,7 @@ def test_build_trainer_checks_a_config_built_in_python_and_types_it(
 ) -> None:
     import dataclasses
 
-    from cadence.config.compile import CompileConfig
+    from cadence.parallel.compile_config import CompileConfig
 
     cfg = TrainConfig(max_duration="1ba", global_train_batch_size=4,
                       model={"name": "test_config_model", "n_layer": 1},
@@ -571,8 +571,8 @@ def test_compile_backend_is_checked_by_the_second_stage(tmp_path: Path) -> None:
 
 
 def test_one_did_you_mean_for_every_check() -> None:
-    from cadence.config.errors import did_you_mean
-    from cadence.config.parallelism import parse_parallelism_config
+    from cadence.registry.errors import did_you_mean
+    from cadence.parallel.config import parse_parallelism_config
 
     assert did_you_mean("shard_grad_opp", ["FULL_SHARD", "SHARD_GRAD_OP"]) == ""
     assert did_you_mean("shard_grad_opp", ["FULL_SHARD", "SHARD_GRAD_OP"], ignore_case=True) \

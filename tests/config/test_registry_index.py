@@ -8,7 +8,8 @@ from typing import Literal, Optional
 
 import pytest
 
-from cadence.config import registry, registry_index
+from cadence.config import registry_index
+from cadence.registry import registry
 from cadence.config.registry_index import (
     DATA_FILE, REGENERATE, build_index, component_spec, load_index, render_index,
 )

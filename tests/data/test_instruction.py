@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("datasets")
 
 from cadence import Trainer  # noqa: E402
-from cadence.config.registry import datasets as dataset_registry  # noqa: E402
+from cadence.registry import datasets as dataset_registry  # noqa: E402
 from cadence.core import Callback  # noqa: E402
 from cadence.data.instruction import (  # noqa: E402
     instruction_dataloader,

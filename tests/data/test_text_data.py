@@ -14,7 +14,7 @@ from torch.utils.data import DistributedSampler
 
 import cadence.data.packed as packed_module
 import cadence.data.tokenizer as tokenizer_module
-from cadence.config import registry
+from cadence.registry import registry
 from cadence.data import (
     EOS_TOKEN,
     PackedTokenDataset,

@@ -8,7 +8,7 @@ import torch
 
 from cadence import Trainer
 
-from cadence.config import registry
+from cadence.registry import registry
 from cadence.core import State, Timestamp
 from cadence.loggers import (
     ConsoleLogger,

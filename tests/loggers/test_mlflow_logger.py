@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cadence import Callback, State, Trainer
-from cadence.config import registry
+from cadence.registry import registry
 from cadence.loggers import InMemoryLogger, Logger, MLFlowLogger
 from tests.common.models import SimpleModel, make_dataloader
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cadence import State, Trainer
-from cadence.config import registry
+from cadence.registry import registry
 from cadence.loggers import (
     InMemoryLogger, Logger, TensorboardLogger, TensorBoardLogger,
 )

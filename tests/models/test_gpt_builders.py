@@ -11,7 +11,7 @@ import torch
 from torchmetrics.classification import MulticlassAccuracy
 
 from cadence.models import HuggingFaceModel, gpt2, hf_pretrained, load_tokenizer
-from cadence.config.registry import models
+from cadence.registry import models
 
 TINY = dict(n_layer=2, n_head=2, n_embd=16, vocab_size=64, max_seq_len=16)
 

@@ -120,7 +120,7 @@ def test_missing_peft_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_run_file_peft_key_refused_at_value_stage(tmp_path: Path) -> None:
-    from cadence.config.arg_checks import check_arg_values
+    from cadence.registry.arg_checks import check_arg_values
     from cadence.models.gpt import hf_pretrained
 
     problems = check_arg_values(hf_pretrained, {

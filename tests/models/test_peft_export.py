@@ -16,7 +16,7 @@ from peft import PeftModel  # noqa: E402
 from transformers import GPT2LMHeadModel  # noqa: E402
 
 from cadence.checkpoint.checkpoint import CheckpointError  # noqa: E402
-from cadence.checkpoint.export import to_huggingface  # noqa: E402
+from cadence.models.hf_export import to_huggingface  # noqa: E402
 from cadence.cli import main as cadence_main  # noqa: E402
 from cadence.models import HuggingFaceModel  # noqa: E402
 from tests.models.test_peft import base_model, lora, run  # noqa: E402

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from cadence.config import registry
+from cadence.registry import registry
 from cadence.optim.decoupled_weight_decay import DecoupledAdamW, DecoupledSGDW
 
 

@@ -17,7 +17,7 @@ from cadence.optim import (
     LinearScheduler, LinearWithWarmupScheduler, MultiStepScheduler, MultiStepWithWarmupScheduler,
     PolynomialScheduler, PolynomialWithWarmupScheduler, StepScheduler, compile_composer_scheduler,
 )
-from cadence.config import registry
+from cadence.registry import registry
 
 
 def state_at(batch: int, max_duration: str = "100ba", dataloader_len: int = 10) -> State:

@@ -16,7 +16,7 @@ from cadence import Trainer, dist
 from cadence.loggers import InMemoryLogger
 from cadence.models import HuggingFaceModel
 from cadence.parallel.fsdp import plan_fsdp_units
-from cadence.config.parallelism import parse_parallelism_config
+from cadence.parallel.config import parse_parallelism_config
 
 
 def bert() -> HuggingFaceModel:

@@ -244,7 +244,7 @@ def _local_bytes(model: torch.nn.Module) -> int:
 def _fsdp(model: torch.nn.Module) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from cadence.config.parallelism import FSDPConfig
+    from cadence.parallel.config import FSDPConfig
     from cadence.parallel.fsdp import apply_fsdp
 
     apply_fsdp(model, FSDPConfig(), init_device_mesh("cpu", (dist.get_world_size(),)))

@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader
 
 from cadence import Trainer, dist
-from cadence.config.parallelism import parse_parallelism_config
+from cadence.parallel.config import parse_parallelism_config
 from cadence.models.gpt import gpt2
 from cadence.parallel import param_init
 from cadence.parallel.param_init import materialize_and_init

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cadence.config.parallelism import FSDPConfig, parse_parallelism_config
+from cadence.parallel.config import FSDPConfig, parse_parallelism_config
 from cadence.parallel.mesh import mesh_shape
 
 
@@ -148,8 +148,8 @@ def test_trainer_parses_a_dict_once_and_takes_typed_settings_as_they_are() -> No
     """A dict from Python is parsed at the Trainer's edge into the typed object; a typed
     object (what load_config produces) is the very object the Trainer keeps."""
     from cadence import Trainer
-    from cadence.config.compile import CompileConfig
-    from cadence.config.parallelism import ParallelismConfig
+    from cadence.parallel.compile_config import CompileConfig
+    from cadence.parallel.config import ParallelismConfig
     from tests.common.models import SimpleModel, make_dataloader
 
     def trainer(**kwargs: object) -> Trainer:

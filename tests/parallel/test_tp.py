@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from cadence import Trainer, dist
 from cadence.models.gpt import gpt2
 from cadence.loggers import InMemoryLogger
-from cadence.config.parallelism import parse_parallelism_config
+from cadence.parallel.config import parse_parallelism_config
 from cadence.parallel.memory import local_state_bytes
 from cadence.parallel.tp import FusedQKVColwiseParallel, ReplicateParallel, plan_tensor_parallel
 from tests.parallel.test_fsdp_parity import RandomTokens as CountingTokens
@@ -250,7 +250,7 @@ def _check_resume_and_convert(folder: Path, straight: list[float]) -> None:
     if dist.get_global_rank() == 0:
         from transformers import GPT2LMHeadModel
 
-        from cadence.checkpoint.export import to_huggingface
+        from cadence.models.hf_export import to_huggingface
 
         out = to_huggingface(step4[0], folder / "hf")
         hf = GPT2LMHeadModel.from_pretrained(str(out)).eval()
@@ -280,7 +280,7 @@ def test_bad_tp_keys_are_refused_with_the_key_named() -> None:
 
 def test_style_names_and_paths_resolve_in_one_place() -> None:
     """The run-file check and the TP step read styles through one resolver."""
-    from cadence.config.tp_styles import resolve_tp_style, tp_style_problem
+    from cadence.parallel.tp_styles import resolve_tp_style, tp_style_problem
 
     assert resolve_tp_style("colwise") == resolve_tp_style("ColwiseParallel") == "colwise"
     assert resolve_tp_style("cadence.parallel.tp.FusedQKVColwiseParallel") \

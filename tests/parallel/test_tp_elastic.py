@@ -150,7 +150,7 @@ def test_global_batch_check_allows_a_partial_last_batch(tmp_path: Path) -> None:
     from torch.utils.data import DataLoader
 
     from cadence.core.time import Timestamp
-    from cadence.config.parallelism import parse_parallelism_config
+    from cadence.parallel.config import parse_parallelism_config
     from cadence.parallel.elastic import check_resume_layout
 
     def checkpoint(batches: int, samples: int) -> Path:

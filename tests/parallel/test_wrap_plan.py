@@ -12,7 +12,7 @@ from torch import nn
 from cadence import ComposerModel
 from cadence.models.gpt import gpt2
 from cadence.parallel import plan_fsdp_units
-from cadence.config.parallelism import parse_parallelism_config
+from cadence.parallel.config import parse_parallelism_config
 
 
 def fsdp(**kwargs: Any):  # type: ignore[no-untyped-def]

@@ -14,7 +14,7 @@ import pytest
 
 from cadence import Trainer
 from cadence.checkpoint.checkpoint_config import CheckpointConfig
-from cadence.config.errors import ConfigError
+from cadence.registry.errors import ConfigError
 from cadence.config.load import load_config
 from cadence.config.schema import TrainConfig
 from cadence.trainer.preemption import PreemptionConfig

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from cadence import Trainer, dist
 from cadence.checkpoint import CheckpointError
-from cadence.config.parallelism import FSDPConfig, ParallelismConfig
+from cadence.parallel.config import FSDPConfig, ParallelismConfig
 from cadence.utils import checkpoint as composer_ckpt
 from cadence.utils.checkpoint import (
     checkpoint_format,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Optional, Union
 
-from cadence.config.errors import did_you_mean
+from cadence.registry.errors import ConfigError, ConfigProblem, did_you_mean
 
 __all__ = ["CompileConfig", "COMPILE_MODES", "parse_compile_config", "check_compile_config",
            "compile_config_problems", "backend_problems"]
@@ -49,6 +49,23 @@ class CompileConfig:
     dynamic: Optional[bool] = None
     backend: str = "inductor"
     per_block: bool = True
+
+    def __post_init__(self) -> None:
+        """Check every setting that differs from its default with the run file's own checks
+        (the ``backend`` name against dynamo's list is left to :func:`backend_problems`, as in
+        the run file's torch-free first stage).
+
+        Raises:
+            ConfigError: each bad value named by its key path (``compile_config.mode``), with
+                the allowed values and a "did you mean".
+        """
+        changed = {f.name: getattr(self, f.name) for f in fields(self)
+                   if getattr(self, f.name) != f.default}
+        values, problems = _values(changed, "compile_config", check_backend=False)
+        if problems:
+            raise ConfigError([ConfigProblem(key, message) for key, message in problems])
+        for key, value in values.items():
+            setattr(self, key, value)
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as a run file would write them (the run's ``hyperparameters``): the
@@ -153,9 +170,17 @@ def _parse(raw: Any, prefix: str, check_backend: bool
     if not isinstance(raw, Mapping):
         return None, [(prefix, f"must be a dict like {{'enabled': True, 'per_block': True}} or "
                                f"None, got {raw!r} ({type(raw).__name__}).")]
+    values, problems = _values(raw, prefix, check_backend)
+    return CompileConfig(**values), problems
+
+
+def _values(raw: Mapping[str, Any], prefix: str, check_backend: bool,
+            ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """The one check of compile settings (run file and :meth:`CompileConfig.__post_init__`):
+    the valid values of ``raw`` by field name, and ``(key path, message)`` problems."""
     names = [f.name for f in fields(CompileConfig)]
     problems: list[tuple[str, str]] = []
-    config = CompileConfig()
+    config: dict[str, Any] = {}
     for key, value in raw.items():
         where = f"{prefix}.{key}"
         if key not in names:
@@ -166,20 +191,20 @@ def _parse(raw: Any, prefix: str, check_backend: bool
                 problems.append((where, f"{value!r} ({type(value).__name__}) must be true or "
                                         f"false."))
             else:
-                setattr(config, key, value)
+                config[key] = value
         elif key == "dynamic":
             if value is not None and not isinstance(value, bool):
                 problems.append((where, f"{value!r} must be true, false or null (let dynamo "
                                         f"decide)."))
             else:
-                config.dynamic = value
+                config["dynamic"] = value
         elif key == "mode":
             text = "default" if value is None else value
             if text not in COMPILE_MODES:
                 problems.append((where, f"{value!r} is not one of: {', '.join(COMPILE_MODES)}."
                                         f"{did_you_mean(str(text), COMPILE_MODES)}"))
             else:
-                config.mode = text
+                config["mode"] = text
         elif key == "backend":
             if not isinstance(value, str):
                 problems.append((where, f"{value!r} must be a dynamo backend name (a string)."))
@@ -188,9 +213,11 @@ def _parse(raw: Any, prefix: str, check_backend: bool
             if rejected:
                 problems.extend(rejected)
             else:
-                config.backend = value
-    if not problems and config.mode != "default" and config.backend != "inductor":
-        problems.append((f"{prefix}.mode", f"{config.mode!r} is an inductor mode, but backend "
-                                           f"is {config.backend!r}; use backend: inductor or "
-                                           f"mode: default."))
+                config["backend"] = value
+    mode, backend = config.get("mode", "default"), config.get("backend", "inductor")
+    if not problems and mode != "default" and backend != "inductor":
+        problems.append((f"{prefix}.mode", f"{mode!r} is an inductor mode, but backend is "
+                                           f"{backend!r}; use backend: inductor or mode: "
+                                           f"default."))
+        del config["mode"]  # the config holds valid settings only
     return config, problems

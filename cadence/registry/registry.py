@@ -15,8 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Generic, Iterable, Iterator, Optional, TypeVar
 
-from cadence.config.errors import did_you_mean
-from cadence.config.targets import dotted_path_problem, target_problem
+from cadence.registry.errors import did_you_mean
+from cadence.registry.targets import dotted_path_problem, target_problem
 
 __all__ = [
     "Registry", "models", "algorithms", "callbacks", "loggers", "datasets", "optimizers",
@@ -112,7 +112,7 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         """Look up ``name``: a registered name, or a dotted import path to what this kind can
-        hold (:mod:`cadence.config.targets`: a path into the standard library is refused
+        hold (:mod:`cadence.registry.targets`: a path into the standard library is refused
         before it is imported, any other target before it is returned).
 
         Raises:

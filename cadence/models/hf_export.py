@@ -1,8 +1,9 @@
-"""Export a ``peft`` model's checkpoint: the adapter in ``peft``'s own format, or the merged
-full model.
+"""``cadence convert CHECKPOINT --to hf OUT [--merge]``: a checkpoint's ``transformers``
+model written in Hugging Face's format (:func:`to_huggingface`); a ``peft`` model's
+checkpoint as the adapter in ``peft``'s own format, or as the merged full model.
 
 A checkpoint of a :class:`~cadence.models.HuggingFaceModel` with ``peft_config`` records in
-its metadata (:func:`peft_metadata`, written by the Trainer with the rest of
+its metadata (:func:`~cadence.checkpoint.peft_metadata.peft_metadata`, written by the Trainer with the rest of
 ``huggingface_metadata``) the base model's class and config, the adapter's ``PeftConfig``
 (JSON) and where the base came from. Export then rebuilds the ``peft`` model in one process:
 
@@ -18,7 +19,7 @@ or, with ``merge``, ``merge_and_unload()`` then ``save_pretrained`` (``config.js
 the run had one, in both.
 
 ``cadence convert CHECKPOINT --to hf OUT [--merge]``
-(:func:`cadence.checkpoint.export.to_huggingface`) reads the checkpoint, then calls
+(:func:`to_huggingface`) reads the checkpoint, then calls
 :func:`peft_model_from_state` and :func:`save_peft`.
 
 Source: ``peft``'s ``PeftModel.save_pretrained``, ``merge_and_unload`` and
@@ -27,61 +28,22 @@ Source: ``peft``'s ``PeftModel.save_pretrained``, ``merge_and_unload`` and
 
 from __future__ import annotations
 
-import enum
 import os
 from pathlib import Path
 from typing import Any
 
-from torch import nn
+from cadence.checkpoint.adapter_only import METADATA_KEY as ADAPTER_ONLY
+from cadence.checkpoint.checkpoint import CheckpointError
+from cadence.checkpoint.export import (
+    HF_PREFIX, _hf_class, _hf_description, _hf_tokenizer, hf_model_from_checkpoint,
+    load_full_state,
+)
+from cadence.checkpoint.peft_metadata import PEFT_METADATA_KEY
+from cadence.models.peft import base_identity, peft_config_class, wrap_with_peft
 
-__all__ = ["PEFT_METADATA_KEY", "peft_metadata", "peft_base_model", "peft_model_from_state",
-           "save_peft"]
-
-PEFT_METADATA_KEY = "hf_peft"
-"""Checkpoint metadata key: ``{"config": PeftConfig as JSON, "base_name_or_path": str}``."""
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (set, frozenset)):
-        return sorted(_jsonable(v) for v in value)
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    return value
-
-
-def peft_base_model(inner: nn.Module) -> nn.Module:
-    """The ``transformers`` model inside a ``peft.PeftModel`` (``inner`` itself otherwise)."""
-    get_base = getattr(inner, "get_base_model", None)
-    return get_base() if callable(get_base) and hasattr(inner, "peft_config") else inner
-
-
-def peft_metadata(inner: nn.Module) -> dict[str, Any]:
-    """``{PEFT_METADATA_KEY: {"config", "base_name_or_path"}}`` for a ``peft.PeftModel``
-    with one adapter, else ``{}``.
-
-    Raises:
-        ValueError: the model holds several adapters (export handles one).
-    """
-    configs = getattr(inner, "peft_config", None)
-    if not isinstance(configs, dict) or not hasattr(inner, "get_base_model"):
-        return {}
-    if len(configs) != 1:
-        raise ValueError(f"peft export handles one adapter; the model has {sorted(configs)}.")
-    config = next(iter(configs.values()))
-    base = peft_base_model(inner)
-    return {PEFT_METADATA_KEY: {
-        "config": _jsonable(config.to_dict()),
-        "base_name_or_path": str(getattr(base, "name_or_path", "") or ""),
-    }}
-
+__all__ = ["to_huggingface", "peft_model_from_state", "save_peft"]
 
 def _peft_config(saved: dict[str, Any]) -> Any:
-    from cadence.models.peft import peft_config_class
-
     kwargs = dict(saved)
     kwargs.pop("base_model_name_or_path", None)  # peft takes it from the base; set after
     config_class = peft_config_class(str(kwargs.pop("peft_type")))
@@ -109,10 +71,6 @@ def peft_model_from_state(weights: dict[str, Any], metadata: dict[str, Any], hf_
             that do not fit (naming keys).
     """
     import transformers
-
-    from cadence.checkpoint.adapter_only import METADATA_KEY as ADAPTER_ONLY
-    from cadence.checkpoint.checkpoint import CheckpointError
-    from cadence.models.peft import base_identity, wrap_with_peft
 
     saved = metadata.get(PEFT_METADATA_KEY)
     if not saved:
@@ -165,6 +123,33 @@ def save_peft(model: Any, out_dir: Path, merge: bool = False, tokenizer: Any = N
         model.merge_and_unload().save_pretrained(out_dir, safe_serialization=True)
     else:
         model.save_pretrained(out_dir, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def to_huggingface(checkpoint: Path, out_dir: Path, merge: bool = False) -> Path:
+    """Write the checkpoint's ``transformers`` model to ``out_dir``: ``model.safetensors``,
+    ``config.json`` and, when the run had one, the tokenizer. A ``peft`` model's checkpoint
+    gives its adapter in ``peft``'s format, or with ``merge`` the merged full model
+    (:func:`peft_model_from_state`, :func:`save_peft`).
+
+    Raises:
+        CheckpointError: the checkpoint was not written from a ``HuggingFaceModel``;
+            ``merge`` for a checkpoint without an adapter.
+    """
+    state = load_full_state(checkpoint)
+    metadata = state.get("metadata") or {}
+    if merge or PEFT_METADATA_KEY in metadata:
+        described = _hf_description(state, checkpoint)
+        weights = {k[len(HF_PREFIX):]: v for k, v in state["model"].items()
+                   if k.startswith(HF_PREFIX)}
+        model = peft_model_from_state(weights, metadata, _hf_class(described["class"]),
+                                      described["config"], checkpoint)
+        return save_peft(model, out_dir, merge, _hf_tokenizer(described["tokenizer"]))
+    model, tokenizer = hf_model_from_checkpoint(checkpoint, state=state)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
     return out_dir

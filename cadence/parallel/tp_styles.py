@@ -5,7 +5,7 @@ name or a dotted path to a style.
 :mod:`cadence.parallel.tp`). A style is written as one of :data:`TP_STYLE_NAMES`, one of
 torch's class names in :data:`TP_STYLE_ALIASES`, a dotted path to a ``ParallelStyle``
 class, or (from Python) a ``ParallelStyle`` object. The run-file check
-(:mod:`cadence.config.parallelism`) and the tensor-parallel step (:mod:`cadence.parallel.tp`)
+(:mod:`cadence.parallel.config`) and the tensor-parallel step (:mod:`cadence.parallel.tp`)
 both read styles through :func:`resolve_tp_style`, so the two agree on what a name means.
 
 This module imports no torch at import time: the run file's torch-free first stage checks
@@ -18,7 +18,7 @@ import importlib
 import sys
 from typing import Any, Optional, Union
 
-from cadence.config.errors import did_you_mean
+from cadence.registry.errors import did_you_mean
 
 __all__ = ["TP_STYLE_NAMES", "TP_STYLE_ALIASES", "unknown_tp_style", "resolve_tp_style",
            "tp_style_problem"]

@@ -43,8 +43,8 @@ import copy
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional, Union
 
-from cadence.config.errors import did_you_mean
-from cadence.config.tp_styles import tp_style_problem
+from cadence.parallel.tp_styles import tp_style_problem
+from cadence.registry.errors import ConfigError, ConfigProblem, did_you_mean
 
 __all__ = [
     "FSDPConfig", "TPConfig", "ParallelismConfig", "ShardingStrategy", "parse_parallelism_config",
@@ -171,6 +171,22 @@ class FSDPConfig:
     activation_cpu_offload: bool = False
     sync_gradients: str = "every_microbatch"
 
+    def __post_init__(self) -> None:
+        """Check every setting that differs from its default with the run file's own checks
+        (:func:`check_parallelism_config`), and store the canonical spelling
+        (``full_shard`` -> ``FULL_SHARD``).
+
+        Raises:
+            ConfigError: each bad value named by its key path
+                (``parallelism_config.fsdp.sharding_strategy``), with the allowed values and
+                a "did you mean".
+        """
+        problems: Problems = []
+        values = _fsdp_values(_changed(self), f"{_PREFIX}.fsdp", problems)
+        _raise(problems)
+        for key, value in values.items():
+            setattr(self, key, value)
+
 
 @dataclass
 class TPConfig:
@@ -192,6 +208,18 @@ class TPConfig:
     layer_plan: Optional[dict[str, Any]] = None
     verbose: bool = False
 
+    def __post_init__(self) -> None:
+        """Check the settings with the run file's own checks (a ``layer_plan`` style given as
+        a dotted path is resolved where it is used, as in the run file's first stage).
+
+        Raises:
+            ConfigError: each bad value named by its key path
+                (``parallelism_config.tp.tensor_parallel_degree``).
+        """
+        problems: Problems = []
+        _tp_values(_changed(self), f"{_PREFIX}.tp", problems, import_paths=False)
+        _raise(problems)
+
 
 # TP keys with another meaning elsewhere: key -> why / instead.
 _TP_REFUSED_KEYS = {
@@ -208,6 +236,27 @@ class ParallelismConfig:
 
     fsdp: Optional[FSDPConfig] = field(default=None)
     tp: Optional[TPConfig] = field(default=None)
+
+    def __post_init__(self) -> None:
+        """Check the sections: each is an :class:`FSDPConfig` / :class:`TPConfig` (checked when
+        it was built), a dict of their settings (checked and typed here), or None.
+
+        Raises:
+            ConfigError: a section of another type, or a bad setting in a dict section.
+        """
+        problems: Problems = []
+        if isinstance(self.fsdp, Mapping):
+            self.fsdp = _parse_fsdp(self.fsdp, f"{_PREFIX}.fsdp", problems)
+        elif self.fsdp is not None and not isinstance(self.fsdp, FSDPConfig):
+            _problem(problems, f"{_PREFIX}.fsdp",
+                     f"{self.fsdp!r} must be an FSDPConfig, a dict of FSDP settings or None.")
+        if isinstance(self.tp, Mapping):
+            self.tp = _parse_tp(self.tp, f"{_PREFIX}.tp", problems, import_paths=False)
+        elif self.tp is not None and not isinstance(self.tp, TPConfig):
+            _problem(problems, f"{_PREFIX}.tp",
+                     f"{self.tp!r} must be a TPConfig, a dict like {{tensor_parallel_degree: "
+                     f"2}} or None.")
+        _raise(problems)
 
     @property
     def tp_degree(self) -> int:
@@ -232,6 +281,19 @@ class ParallelismConfig:
 
 
 Problems = list[tuple[str, str]]  # (full key path, message)
+_PREFIX = "parallelism_config"
+
+
+def _changed(config: Any) -> dict[str, Any]:
+    """A dataclass's settings that differ from their defaults (what a run file would write)."""
+    return {f.name: getattr(config, f.name) for f in fields(config)
+            if getattr(config, f.name) != f.default}
+
+
+def _raise(problems: Problems) -> None:
+    """Raise the run file's error for ``problems`` (nothing when there are none)."""
+    if problems:
+        raise ConfigError([ConfigProblem(key, message) for key, message in problems])
 
 
 def _problem(problems: Problems, key: str, message: str) -> None:
@@ -284,6 +346,13 @@ def _parse_mixed_precision(problems: Problems, key: str, value: Any) -> Any:
 
 
 def _parse_fsdp(raw: Mapping[str, Any], prefix: str, problems: Problems) -> FSDPConfig:
+    """An :class:`FSDPConfig` of ``raw``'s valid settings; the bad ones go to ``problems``."""
+    return FSDPConfig(**_fsdp_values(raw, prefix, problems))
+
+
+def _fsdp_values(raw: Mapping[str, Any], prefix: str, problems: Problems) -> dict[str, Any]:
+    """The one check of FSDP settings (run file and :meth:`FSDPConfig.__post_init__`): the
+    valid values of ``raw`` by field name, canonically spelled; problems appended."""
     names = {f.name for f in fields(FSDPConfig)}
     values: dict[str, Any] = {}
     for raw_key, value in raw.items():
@@ -307,8 +376,9 @@ def _parse_fsdp(raw: Mapping[str, Any], prefix: str, problems: Problems) -> FSDP
             continue
         values[key] = (where, value)
 
-    config = FSDPConfig()
+    parsed_values: dict[str, Any] = {}
     for key, (where, value) in values.items():
+        before = len(problems)
         if key == "sharding_strategy":
             parsed = _choice(problems, where, value, SHARDING_STRATEGIES, _STRATEGY_ALIASES)
         elif key == "mixed_precision":
@@ -358,15 +428,24 @@ def _parse_fsdp(raw: Mapping[str, Any], prefix: str, problems: Problems) -> FSDP
                 _problem(problems, where, f"{parsed} must be at least 1.")
         else:  # plain bools
             parsed = _typed(problems, where, value, bool)
-        if parsed is not None:
-            setattr(config, key, parsed)
-    return config
+        if parsed is not None and len(problems) == before:  # only values without a problem
+            parsed_values[key] = parsed
+    return parsed_values
 
 
 def _parse_tp(raw: Mapping[str, Any], prefix: str, problems: Problems,
               import_paths: bool = True) -> TPConfig:
+    """A :class:`TPConfig` of ``raw``'s valid settings; the bad ones go to ``problems``."""
+    return TPConfig(**_tp_values(raw, prefix, problems, import_paths))
+
+
+def _tp_values(raw: Mapping[str, Any], prefix: str, problems: Problems,
+               import_paths: bool = True) -> dict[str, Any]:
+    """The one check of TP settings (run file and :meth:`TPConfig.__post_init__`): the valid
+    values of ``raw`` by field name; problems appended. ``import_paths=False`` leaves a
+    dotted-path style unchecked."""
     names = [f.name for f in fields(TPConfig)]
-    config = TPConfig()
+    config: dict[str, Any] = {}
     for raw_key, value in raw.items():
         key, where = str(raw_key), f"{prefix}.{raw_key}"
         if key in _TP_REFUSED_KEYS:
@@ -380,22 +459,24 @@ def _parse_tp(raw: Mapping[str, Any], prefix: str, problems: Problems,
                 _problem(problems, where, f"{degree} must be a positive int (1: no tensor "
                                           "parallelism).")
             elif isinstance(degree, int):
-                config.tensor_parallel_degree = degree
+                config["tensor_parallel_degree"] = degree
         elif key == "verbose":
             if _typed(problems, where, value, bool) is not None:
-                config.verbose = value
+                config["verbose"] = value
         elif value is not None:  # layer_plan
             if not isinstance(value, Mapping) or not value:
                 _problem(problems, where, f"{value!r} must be a non-empty dict of "
                                           "{module pattern: style}.")
                 continue
             plan: dict[str, Any] = {}
+            before = len(problems)
             for pattern, style in value.items():
                 problem = tp_style_problem(style, import_paths)
                 if problem is not None:
                     _problem(problems, f"{where}.{pattern}", problem)
                 plan[str(pattern)] = style
-            config.layer_plan = plan
+            if len(problems) == before:  # only a plan without a problem
+                config["layer_plan"] = plan
     return config
 
 
@@ -469,9 +550,9 @@ def check_parallelism_config(
         elif key == "tp":
             if value is None:
                 continue
-            if isinstance(value, TPConfig):
-                value = {f.name: getattr(value, f.name) for f in fields(TPConfig)}
-            if isinstance(value, Mapping):
+            if isinstance(value, TPConfig):  # checked when it was built
+                result.tp = value
+            elif isinstance(value, Mapping):
                 result.tp = _parse_tp(value, f"{prefix}.tp", problems, import_paths)
             else:
                 _problem(problems, f"{prefix}.tp", f"{value!r} must be a dict like "

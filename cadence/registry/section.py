@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Mapping, Optional
 
-from cadence.config.errors import ConfigError, ConfigProblem
+from cadence.registry.errors import ConfigError, ConfigProblem
 from cadence.core.time import Time
 
 __all__ = ["Section", "interval_problem", "section_problems"]
