@@ -28,19 +28,21 @@ import os
 from typing import Any, Optional
 
 __all__ = ["MODEL_SIZES", "MODEL_KWARGS", "BATCH_SIZE", "SEQ_LEN", "LR", "NUM_BATCHES", "ARMS",
-           "ARM_TITLES", "set_threads", "make_batches", "build_null_model",
+           "ARM_TITLES", "set_threads", "make_batches", "build_null_model", "build_mlp_model",
            "build_hf_model_plain", "build_cadence_model", "CyclingLoader", "RawArm",
            "TrainerArm", "build_arm", "model_description"]
 
 
 # Model, data and optimizer, shared by every arm. ``small`` is the benchmark. ``tiny``
-# (~20 k parameters) and ``null`` (one 16-element parameter, loss = sum of its squares: no
-# model compute at all) shrink the step so the framework's own time per step, in
-# microseconds, stands out of the noise.
+# (~20 k parameters), ``mlp`` (a two-layer MLP over the token ids as 64 features, ~17 k
+# parameters, a step of ~0.4 ms) and ``null`` (one 16-element parameter, loss = sum of its
+# squares: no model compute at all) shrink the step so the framework's own time per step,
+# in microseconds, stands out of the noise.
 MODEL_SIZES: dict[str, dict[str, int]] = {
     "small": {"n_layer": 2, "n_head": 4, "n_embd": 128, "vocab_size": 4096, "max_seq_len": 64},
     "tiny": {"n_layer": 1, "n_head": 2, "n_embd": 16, "vocab_size": 256, "max_seq_len": 64},
     "null": {"n_layer": 0, "n_head": 0, "n_embd": 16, "vocab_size": 256, "max_seq_len": 64},
+    "mlp": {"n_layer": -1, "n_head": 0, "n_embd": 128, "vocab_size": 256, "max_seq_len": 64},
 }
 MODEL_KWARGS = MODEL_SIZES["small"]
 BATCH_SIZE = 8
@@ -96,13 +98,46 @@ def build_null_model(seed: int, width: int) -> Any:
     return NullLM()
 
 
+def build_mlp_model(seed: int, width: int, vocab_size: int) -> Any:
+    """A tiny MLP: ``forward(input_ids, labels)`` reads the ``[batch, seq]`` token ids as
+    ``seq`` features in [0, 1), ``Linear(seq, width)``, ReLU, ``Linear(width, seq)``, and
+    returns ``loss`` = the mean squared error against the labels read the same way, as a
+    ``transformers``-style output object."""
+    import types
+
+    import torch
+
+    class TinyMLP(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(SEQ_LEN, width), torch.nn.ReLU(),
+                                           torch.nn.Linear(width, SEQ_LEN))
+
+        def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
+            out = self.net(input_ids.float() / vocab_size)
+            target = labels.float() / vocab_size
+            return types.SimpleNamespace(loss=torch.nn.functional.mse_loss(out, target))
+
+    torch.manual_seed(seed)
+    return TinyMLP()
+
+
+def _build_small_model(seed: int, model_kwargs: dict[str, int]) -> Any:
+    """The null model or the MLP for those sizes; None for a GPT-2 size."""
+    if model_kwargs["n_layer"] == 0:
+        return build_null_model(seed, model_kwargs["n_embd"])
+    if model_kwargs["n_layer"] < 0:
+        return build_mlp_model(seed, model_kwargs["n_embd"], model_kwargs["vocab_size"])
+    return None
+
+
 def build_hf_model_plain(seed: int, model_kwargs: dict[str, int] = MODEL_KWARGS) -> Any:
     """The ``transformers.GPT2LMHeadModel`` that ``cadence.models.gpt.gpt2(**MODEL_KWARGS)``
     wraps, built without importing cadence (for the raw arm's startup and memory figures)."""
     import torch
 
-    if model_kwargs["n_layer"] == 0:
-        return build_null_model(seed, model_kwargs["n_embd"])
+    if model_kwargs["n_layer"] <= 0:
+        return _build_small_model(seed, model_kwargs)
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
@@ -125,8 +160,8 @@ def build_cadence_model(seed: int, model_kwargs: dict[str, int] = MODEL_KWARGS) 
     from cadence.models.gpt import gpt2
     from cadence.models.huggingface import HuggingFaceModel
 
-    if model_kwargs["n_layer"] == 0:
-        return HuggingFaceModel(build_null_model(seed, model_kwargs["n_embd"]))
+    if model_kwargs["n_layer"] <= 0:
+        return HuggingFaceModel(_build_small_model(seed, model_kwargs))
     torch.manual_seed(seed)
     return gpt2(**model_kwargs)
 
@@ -256,6 +291,10 @@ def model_description(size: str, seed: int) -> str:
     """One line for a table's header: the model of ``MODEL_SIZES[size]`` and its size."""
     model_kwargs = MODEL_SIZES[size]
     n_params = sum(p.numel() for p in build_cadence_model(seed, model_kwargs).parameters())
+    if model_kwargs["n_layer"] < 0:
+        return (f"tiny MLP (Linear({SEQ_LEN}, {model_kwargs['n_embd']}), ReLU, "
+                f"Linear({model_kwargs['n_embd']}, {SEQ_LEN}); {n_params} parameters; "
+                f"mean squared error), fp32")
     if not model_kwargs["n_layer"]:
         return (f"null model ({n_params} parameters; loss = their sum of squares; no model "
                 "compute)")

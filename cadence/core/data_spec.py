@@ -19,10 +19,17 @@ import torch
 
 __all__ = [
     "DataSpec", "batch_to_device", "count_tokens", "default_split_batch", "ensure_data_spec",
-    "num_samples", "slice_batch", "split_batch", "tensor_shapes",
+    "no_transform", "num_samples", "slice_batch", "split_batch", "tensor_shapes",
 ]
 
 _PRIMITIVES = (int, float, str, bool)
+
+
+def no_transform(batch: Any) -> Any:
+    """``batch`` as it is: a :class:`DataSpec`'s default ``batch_transforms``,
+    ``microbatch_transforms`` and ``device_transforms`` (a loop skips the call when a
+    transform ``is no_transform``)."""
+    return batch
 
 
 def _rebuild_mapping(batch: Mapping[Any, Any], items: dict[Any, Any]) -> Mapping[Any, Any]:
@@ -270,9 +277,7 @@ class DataSpec:
         (:func:`batch_to_device`), then ``device_transforms``."""
         return self.device_transforms(batch_to_device(self.batch_transforms(batch), device))
 
-    @staticmethod
-    def _default_device_transforms(batch: Any) -> Any:
-        return batch
+    _default_device_transforms = staticmethod(no_transform)
 
     def _default_get_num_samples_in_batch(self, batch: Any) -> int:
         """The leading size shared by every tensor (and list in a mapping) of ``batch``.

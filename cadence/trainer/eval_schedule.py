@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Union
 
 from cadence.core import Event, State, Time, TimeUnit
+from cadence.utils.misc import interval_crossed
 
 __all__ = ["EvalInterval", "eval_due", "parse_eval_interval", "training_done"]
 
@@ -63,10 +64,7 @@ def eval_due(state: State, interval: EvalInterval, event: Event) -> bool:
             return on_boundary or (ends_in_epochs and training_done(state))
         return not ends_in_epochs and training_done(state)
     # ba / sp / tok / sec: due when the last batch crossed a multiple of the interval
-    previous = getattr(state, "previous_timestamp", None)
-    now = float(state.timestamp.get(interval.unit).value)
-    before = 0.0 if previous is None else float(previous.get(interval.unit).value)
-    crossed = value > 0 and now // value > before // value
+    crossed = interval_crossed(state, interval)
     if event == Event.EPOCH_END:  # the end of training, unless the last batch just evaluated
         return ends_in_epochs and training_done(state) and not crossed
     return crossed or (training_done(state) and not ends_in_epochs)

@@ -39,7 +39,7 @@ from cadence.trainer.fit_args import FitChanges, fit_changes
 from cadence.loggers.logger import Logger
 from cadence.loggers.logger_destination import LoggerDestination
 from cadence.core.data_spec import (DataSpec, batch_to_device, count_tokens, ensure_data_spec,
-                                     tensor_shapes)
+                                     no_transform, tensor_shapes)
 from cadence.optim.optimizers import compile_scheduler, trainable_parameters
 from cadence.registry.errors import did_you_mean
 from cadence.parallel import ParallelismConfig, ParallelPlan, parallelize, remap_optimizer_params, unwrap_model
@@ -49,7 +49,8 @@ from cadence.parallel.elastic import check_resume_layout
 from cadence.parallel.data import (
     align_sampler_with_data_parallel, check_distributed_sampler,
 )
-from cadence.core.precision import Precision, get_precision_context
+from cadence.core.precision import Precision
+from cadence.trainer.run_plan import RunPlan
 from cadence.trainer.eval_loop import evaluate
 from cadence.trainer.predict import predict_loop
 from cadence.profiler.profiler import bind_profilers
@@ -409,10 +410,12 @@ class Trainer:
         if self._train_spec is None or self._train_spec.dataloader is not state.train_dataloader:
             self._train_spec = ensure_data_spec(state.train_dataloader)  # set on the state
         state.stop_training = False
+        # decided once per fit: the log schedule, the precision context, the done check
+        self._run_plan = RunPlan(state, self.log_interval, self.logger.destinations)
         self._wall_clock.start()  # timestamp.total_wct counts from here
         self.engine.run_event(Event.FIT_START)
         with self._preemption.watch(state):  # a signal: checkpoint, close, raise Preempted
-            while not self._training_done():
+            while not self._run_plan.training_done(state):
                 self._train_epoch()
         self.engine.run_event(Event.FIT_END)
 
@@ -492,11 +495,6 @@ class Trainer:
             for scheduler in self.state.schedulers:
                 scheduler.step()
 
-    def _training_done(self) -> bool:
-        state = self.state
-        assert state.max_duration is not None
-        return state.stop_training or state.reached(state.max_duration)
-
     def _train_epoch(self) -> None:
         state = self.state
         self.engine.run_event(Event.EPOCH_START)
@@ -507,15 +505,18 @@ class Trainer:
             state.batch = batch
             self._train_batch()
             self.engine.run_event(Event.BATCH_END)
-            self._eval_all(Event.BATCH_END)
+            if state.evaluators:
+                self._eval_all(Event.BATCH_END)
             self.engine.run_event(Event.BATCH_CHECKPOINT)
             if self._preemption.requested():  # one all-reduce per batch with several ranks
                 self._preemption.stop(self.state, self.logger, self.close)
-            if self._training_done() and not self._epoch_exhausted():
+            if self._run_plan.training_done(state) and not self._epoch_exhausted():
                 break
         else:
             lap = self._wall_clock.lap(state, self.eval_interval)
             state.timestamp = state.timestamp.to_next_epoch(lap)
+            if self._run_plan.log_at_epoch_end(state):  # log_interval in ep, a run in epochs
+                self._log_train_metrics()
             self._step_schedulers(every_batch=False)
             self.engine.run_event(Event.EPOCH_END)
             self._eval_all(Event.EPOCH_END)
@@ -538,25 +539,27 @@ class Trainer:
         iterator, remaining = iter_epoch(state.train_dataloader, int(state.timestamp.epoch),
                                          int(state.timestamp.batch_in_epoch),
                                          None if length is None else int(length))
+        spec = self._train_spec  # its transforms (the defaults skipped), then its counts
         while remaining is None or remaining > 0:
             self.engine.run_event(Event.BEFORE_DATALOADER)
             try:
                 batch = next(iterator)
             except StopIteration:
                 return
-            spec = self._train_spec  # its transforms, then its (or the model's) count
-            batch = spec.batch_transforms(batch)
-            state.batch = spec.device_transforms(batch_to_device(batch, state.device))
+            batch = batch if spec.batch_transforms is no_transform else spec.batch_transforms(batch)
+            state.batch = batch_to_device(batch, state.device)
+            if spec.device_transforms is not no_transform:
+                state.batch = spec.device_transforms(state.batch)
             host_tokens = self._num_tokens(spec, batch, state.batch)  # the model's: host copy
-            shapes = tensor_shapes(state.batch)
-            # the timestamp counts the samples loaded, before an algorithm prunes the batch
-            # (SelectiveBackprop), as Composer does: an epoch is its loader's samples
+            # samples as loaded, before an algorithm prunes them (Composer's epoch: its loader's)
             self._batch_samples = int(spec.get_num_samples_in_batch(state.batch))
+            # only algorithms change batches: one that reshaped it (SeqLengthWarmup,
+            # SelectiveBackprop) has its tokens recounted on the device batch (a mask: a sync)
+            shapes = tensor_shapes(state.batch) if state.algorithms else None
             self.engine.run_event(Event.AFTER_DATALOADER)
-            # an algorithm that reshaped the batch (SeqLengthWarmup, SelectiveBackprop) changed
-            # its real tokens: recount the device batch then only (a sync only with a mask)
-            self._batch_tokens = (host_tokens if tensor_shapes(state.batch) == shapes
-                                  else self._num_tokens(spec, state.batch, state.batch))
+            if shapes is not None and tensor_shapes(state.batch) != shapes:
+                host_tokens = self._num_tokens(spec, state.batch, state.batch)
+            self._batch_tokens = host_tokens
             remaining = None if remaining is None else remaining - 1
             yield state.batch
 
@@ -565,7 +568,8 @@ class Trainer:
         state, engine = self.state, self.engine
         engine.run_event(Event.BATCH_START)
         batch = state.batch
-        batch_size = int(self._train_spec.get_num_samples_in_batch(batch))
+        batch_size = (int(self._train_spec.get_num_samples_in_batch(batch)) if state.algorithms
+                      else self._batch_samples)  # as loaded, unless an algorithm pruned it
         engine.run_event(Event.BEFORE_TRAIN_BATCH)
         if not state.model.training:  # train() walks every submodule (~0.5 ms for GPT-2 124M)
             state.model.train()
@@ -584,8 +588,7 @@ class Trainer:
             self._batch_samples * world, num_tokens * world,
             self._wall_clock.lap(state, self.eval_interval))
         self._step_schedulers(every_batch=True)
-        step = int(state.timestamp.batch)
-        if step == 1 or step % self.log_interval.value == 0 or self._training_done():
+        if self._run_plan.log_after_batch(state, int(state.timestamp.batch)):  # log_interval
             self._log_train_metrics()
 
     def _batch_gradients(self, batch: Any, batch_size: int, ddp_sync: bool = True,
@@ -634,14 +637,16 @@ class Trainer:
     def _train_microbatch(self, microbatch: Any) -> torch.Tensor:
         """Forward, loss (weighted by the microbatch's share of the batch) and backward."""
         state, engine = self.state, self.engine
-        microbatch = self._train_spec.microbatch_transforms(microbatch)  # a DataSpec's
+        if self._train_spec.microbatch_transforms is not no_transform:  # a DataSpec's own
+            microbatch = self._train_spec.microbatch_transforms(microbatch)
         state.batch = self._weighting.prepare(microbatch)  # + num_items_in_batch, if taken
+        precision_context = self._run_plan.precision_context(state)  # built once per precision
         engine.run_event(Event.BEFORE_FORWARD)
-        with get_precision_context(Precision(state.precision), device=state.device):
+        with precision_context:
             state.outputs = state.model(state.batch)
         engine.run_event(Event.AFTER_FORWARD)
         engine.run_event(Event.BEFORE_LOSS)
-        with get_precision_context(Precision(state.precision), device=state.device):
+        with precision_context:
             state.loss = self._weighting.weigh(self._module.loss(state.outputs, state.batch),
                                                state.batch)
         engine.run_event(Event.AFTER_LOSS)
@@ -677,6 +682,7 @@ class Trainer:
         for name, metric in state.train_metrics.items():
             metrics[f"metrics/train/{name}"] = metric.compute()
         self.logger.log_metrics(metrics)
+        self._run_plan.last_logged_batch = int(state.timestamp.batch)
 
     # ------------------------------------------------------------------ eval
     def eval(self, eval_dataloader: Optional[EvalDataloader] = None,

@@ -1,5 +1,7 @@
 """``create_interval_scheduler``: a ``(state, event) -> bool`` that is true every
 ``interval`` (and at the end of training), for ``save_interval`` and ``eval_interval``;
+``interval_crossed``: the rule it applies (also the Trainer's ``eval_interval`` and
+``log_interval``, and the console's);
 ``add_vision_dataset_transform``: a transform added to a dataset's ``transform`` pipeline.
 
 Source: MosaicML Composer's ``create_interval_scheduler`` and
@@ -18,7 +20,49 @@ from cadence.core.time import Time, TimeUnit
 if TYPE_CHECKING:
     from cadence.core import State
 
-__all__ = ["add_vision_dataset_transform", "create_interval_scheduler"]
+__all__ = ["add_vision_dataset_transform", "create_interval_scheduler", "interval_crossed"]
+
+
+def interval_crossed(state: State, interval: Time) -> bool:
+    """Whether the count in ``interval``'s unit crossed a multiple of ``interval`` between
+    ``state.previous_timestamp`` (before the last batch; a count of 0 when unset) and
+    ``state.timestamp``: the one rule behind ``save_interval``, ``eval_interval`` and
+    ``log_interval``.
+
+    ``ep``, ``ba``, ``sp``, ``tok``, ``iter`` and ``sec`` count the timestamp's own field
+    (``sec``: whole seconds of ``total_wct``); ``dur`` is a fraction of ``max_duration``,
+    counted in its unit, rounded up, and in batches when ``max_duration`` is in epochs (so an
+    epoch's fraction can end mid-epoch). A step of 0 never crosses. Epochs cross once the
+    timestamp has moved to the next epoch (at ``EPOCH_END``), not on the epoch's last batch.
+
+    Raises:
+        RuntimeError: a ``dur`` interval with ``max_duration`` in epochs and an unsized
+            dataloader.
+    """
+    from cadence.core import TimeUnit
+
+    unit = interval.unit
+    if unit != TimeUnit.DURATION:
+        step = float(interval.value)
+    else:
+        assert state.max_duration is not None, "a 'dur' interval needs max_duration"
+        unit = state.max_duration.unit
+        if unit == TimeUnit.EPOCH:  # count batches: an epoch fraction ends mid-epoch
+            length = state.dataloader_len
+            if length is None:
+                raise RuntimeError(f"An interval in 'dur' ({interval}) with max_duration in "
+                                   f"epochs needs a sized dataloader.")
+            unit = TimeUnit.BATCH
+            step = math.ceil(float(state.max_duration.value) * float(interval.value)
+                             * int(length))
+        else:
+            step = math.ceil(float(state.max_duration.value) * float(interval.value))
+    if step <= 0:
+        return False
+    previous = getattr(state, "previous_timestamp", None)
+    before = 0.0 if previous is None else float(previous.get(unit).value)
+    now = float(state.timestamp.get(unit).value)
+    return math.floor(before / step) != math.floor(now / step)
 
 
 def create_interval_scheduler(
@@ -81,24 +125,7 @@ def create_interval_scheduler(
             return True
         if event != interval_event:
             return False
-        if unit != TimeUnit.DURATION:
-            count_unit, step = unit, float(time_interval.value)
-        else:
-            assert state.max_duration is not None
-            count_unit = state.max_duration.unit
-            length = state.dataloader_len
-            if count_unit == TimeUnit.EPOCH:  # count batches: an epoch fraction ends mid-epoch
-                if length is None:
-                    raise RuntimeError(f"An interval in 'dur' ({time_interval}) with "
-                                       f"max_duration in epochs needs a sized dataloader.")
-                count_unit = TimeUnit.BATCH
-                step = math.ceil(float(state.max_duration.value) * float(time_interval.value)
-                                 * int(length))
-            else:
-                step = math.ceil(float(state.max_duration.value) * float(time_interval.value))
-        before = float(previous.get(count_unit).value)
-        now = float(state.timestamp.get(count_unit).value)
-        if step > 0 and math.floor(before / step) != math.floor(now / step):
+        if interval_crossed(state, time_interval):
             last_batch_seen = batch
             return True
         return False
