@@ -151,6 +151,12 @@ class State:
             fsdp_sharded_state_dict_enabled / is_model_ddp / deepspeed_enabled: Composer's
             read-only views of ``parallelism_config``, ``parallel_dims`` and ``model``.
         load_path: the checkpoint this run loaded at start (Composer's), else ``None``.
+        train_metric_values / eval_metric_values: the train metrics' values at the last log,
+            and each eval metric's at the end of its evaluation, by metric name (Composer's).
+        total_loss_dict: ``{"loss/train/total": loss}`` at the last log (Composer's; a 0-d
+            tensor, the mean over the data-parallel ranks).
+        metric_outputs: what an ``eval_forward`` returned for the metrics (Composer's; empty).
+        deepspeed_config: always ``None`` (Composer's; cadence does not run DeepSpeed).
         serialized_attributes: the names of the attributes :meth:`state_dict` writes
             (Composer's attribute). Append a name to have that attribute saved and restored
             too (through its own ``state_dict``/``load_state_dict`` when it has them).
@@ -243,6 +249,11 @@ class State:
         self.train_metrics: dict[str, Any] = dict(train_metrics or {})
         self.eval_metrics: dict[str, dict[str, Any]] = dict(eval_metrics or {})
         self._stop_training = bool(stop_training)
+        self.train_metric_values: dict[str, Any] = {}
+        self.eval_metric_values: dict[str, Any] = {}
+        self.total_loss_dict: dict[str, Any] = {}
+        self.metric_outputs: dict[str, Any] = {}
+        self.deepspeed_config: Optional[dict[str, Any]] = None
         self.serialized_attributes: list[str] = list(_SERIALIZED)
 
     # ------------------------------------------------------------------ batch

@@ -66,6 +66,8 @@ def evaluate(state: State, engine: Engine, logger: Logger, module: Any, evaluato
     results = {f"metrics/{evaluator.label}/{name}": float(metric.compute())
                for name, metric in metrics.items()}
     logger.log_metrics(results)
+    state.eval_metric_values.update({name: results[f"metrics/{evaluator.label}/{name}"]
+                                     for name in metrics})  # Composer's, by metric name
     engine.run_event(Event.EVAL_END)
     state.model.train()
     state.set_dataloader(*train_loader)

@@ -681,6 +681,9 @@ class Trainer:
         metrics: dict[str, Any] = {"loss/train/total": mean_over_ranks(state.total_loss)}
         for name, metric in state.train_metrics.items():
             metrics[f"metrics/train/{name}"] = metric.compute()
+        state.total_loss_dict = {"loss/train/total": metrics["loss/train/total"]}  # Composer's
+        state.train_metric_values = {name: metrics[f"metrics/train/{name}"]
+                                     for name in state.train_metrics}
         self.logger.log_metrics(metrics)
         self._run_plan.last_logged_batch = int(state.timestamp.batch)
 

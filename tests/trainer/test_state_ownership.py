@@ -106,3 +106,22 @@ def test_fsdp_state_and_composer_save_checkpoint_agree(tmp_path: Path) -> None:
     assert sorted(p.name for p in by_trainer.iterdir()) == sorted(
         p.name for p in by_utils.iterdir())
     trainer.close()
+
+
+def test_composers_metric_value_attributes_are_filled() -> None:
+    """Composer's ``train_metric_values``, ``eval_metric_values`` and ``total_loss_dict``."""
+    from tests.common.models import SimpleModel as Model
+
+    torch.manual_seed(0)
+    trainer = Trainer(model=Model(), train_dataloader=make_dataloader(num_batches=2),
+                      eval_dataloader=make_dataloader(num_batches=1), max_duration="2ba",
+                      eval_interval="2ba", log_interval="1ba", progress_bar=False, device="cpu")
+    trainer.fit()
+    state = trainer.state
+    assert set(state.total_loss_dict) == {"loss/train/total"}
+    assert torch.isfinite(torch.as_tensor(state.total_loss_dict["loss/train/total"]))
+    assert set(state.train_metric_values) == set(state.train_metrics)
+    assert set(state.eval_metric_values) == set(state.eval_metrics["eval"]) != set()
+    assert all(isinstance(v, float) for v in state.eval_metric_values.values())
+    assert state.deepspeed_config is None and not state.deepspeed_enabled
+    trainer.close()
