@@ -17,6 +17,7 @@ from torch.distributed.tensor import DTensor
 from cadence.core import Callback, Time, TimeUnit
 from cadence.parallel.grad_norm import get_grad_norm, get_param_norm
 from cadence.config.registry import callbacks
+from cadence.utils.misc import unwrap_model
 
 if TYPE_CHECKING:
     from cadence.core import State
@@ -26,9 +27,7 @@ __all__ = ["OptimizerMonitor"]
 
 def _named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Parameter]]:
     """The model's parameters under the user's names (without DDP's ``module.`` prefix)."""
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        model = model.module
-    return model.named_parameters()
+    return unwrap_model(model).named_parameters()
 
 
 def _full(value: Any) -> Any:

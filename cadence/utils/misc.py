@@ -1,6 +1,8 @@
 """``create_interval_scheduler``: a ``(state, event) -> bool`` that is true every
 ``interval`` (and at the end of training), for ``save_interval`` and ``eval_interval``;
-``add_vision_dataset_transform``: a transform added to a dataset's ``transform`` pipeline.
+``add_vision_dataset_transform``: a transform added to a dataset's ``transform`` pipeline;
+``unwrap_model``: the user's model inside a ``DistributedDataParallel`` wrapper (the one
+place that unwraps DDP; ``cadence.parallel.unwrap_model`` is this function).
 
 Source: MosaicML Composer's ``create_interval_scheduler`` and
 ``add_vision_dataset_transform`` (``composer/utils/misc.py``): same arguments, defaults and
@@ -12,10 +14,27 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
+from torch import nn
+
 if TYPE_CHECKING:
     from cadence.core import Event, State, Time
 
-__all__ = ["add_vision_dataset_transform", "create_interval_scheduler"]
+__all__ = ["add_vision_dataset_transform", "create_interval_scheduler", "unwrap_model"]
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's model: ``model.module`` if ``model`` is a ``DistributedDataParallel``
+    wrapper, else ``model`` itself (FSDP2 and tensor parallelism shard the model in place, so
+    a sharded model is the user's model).
+
+    Args:
+        model: the model as the run holds it (``state.model``), wrapped or not.
+
+    Returns:
+        The module whose parameter names and attributes are the user's (no ``module.``
+        prefix).
+    """
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
 def create_interval_scheduler(
