@@ -24,7 +24,7 @@ if TYPE_CHECKING:
         build_mesh, data_parallel_rank, data_parallel_size, mesh_shape,
     )
     from cadence.parallel.plan import ParallelPlan, parallelize
-    from cadence.parallel.tp import is_shard_placement
+    from cadence.utils.dtensor import is_shard_placement
     from cadence.utils.misc import unwrap_model
 
 __all__ = [
@@ -40,7 +40,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "build_mesh": _mesh, "mesh_shape": _mesh, "data_parallel_rank": _mesh,
     "data_parallel_size": _mesh, "ParallelPlan": "cadence.parallel.plan",
     "parallelize": "cadence.parallel.plan",
-    "is_shard_placement": "cadence.parallel.tp", "unwrap_model": "cadence.utils.misc",
+    "is_shard_placement": "cadence.utils.dtensor", "unwrap_model": "cadence.utils.misc",
 })
 
 
