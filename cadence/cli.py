@@ -384,9 +384,8 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     from cadence.trainer.preemption import Preempted
 
-    state = getattr(trainer, "state", None)  # a Trainer class from a run file may have none
-    if state is not None and state.max_duration is not None \
-            and state.reached(state.max_duration):
+    state = trainer.state  # max_duration is set: the run file requires it
+    if state.reached(state.max_duration):
         # a relaunched job whose run already finished (autoresume): nothing left to train;
         # succeed, as a job restarted by its scheduler should (fit() itself would raise
         # Composer's "No training would occur")

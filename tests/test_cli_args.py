@@ -35,10 +35,18 @@ train_loader: {name: test_cli_data}
 
 class RecordingTrainer:
     instances: list[RecordingTrainer] = []
+    finished = False  # whether the run it resumes already reached max_duration
 
     def __init__(self, **kwargs: Any) -> None:
+        from cadence.core import State
+
         self.kwargs = kwargs
         self.calls: list[str] = []
+        # a Trainer's state: the run file's max_duration, at its start or (resumed) its end
+        self.state = State(model=kwargs["model"], run_name="cli",
+                           max_duration=kwargs["max_duration"])
+        if RecordingTrainer.finished:
+            self.state.timestamp = self.state.timestamp.to_next_batch(samples=4)
         RecordingTrainer.instances.append(self)
 
     def fit(self) -> None:
@@ -126,3 +134,19 @@ def test_train_builds_fits_and_closes(tmp_path: Path, monkeypatch: pytest.Monkey
     assert trainer.kwargs["seed"] == 3
     assert trainer.kwargs["model"].in_features == 5
     assert trainer.kwargs["train_dataloader"] == [4]
+
+
+def test_train_of_a_finished_run_closes_without_fitting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # a relaunched job whose (resumed) run already reached max_duration succeeds at once
+    module = types.ModuleType("cadence.trainer.trainer")
+    module.Trainer = RecordingTrainer  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cadence.trainer.trainer", module)
+    monkeypatch.setattr(RecordingTrainer, "finished", True)
+    RecordingTrainer.instances.clear()
+    path = tmp_path / "good.yaml"
+    path.write_text(GOOD)
+    assert cli.main(["train", str(path)]) == 0
+    (trainer,) = RecordingTrainer.instances
+    assert trainer.calls == ["close"]
+    assert "already reached max_duration 1ba; nothing to train" in capsys.readouterr().err

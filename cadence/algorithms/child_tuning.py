@@ -51,15 +51,16 @@ import numpy as np
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from cadence.utils import dist
 from cadence.core import Algorithm, Event, State
 from cadence.core.data_spec import batch_to_device, num_samples, split_batch
-from cadence.parallel import is_shard_placement, unwrap_model
 from cadence.core.precision import Precision, get_precision_context
 from cadence.registry import algorithms
-from cadence.utils.dtensor import local_tensor
+from cadence.utils.dtensor import (
+    dtensor_like, local_tensor, replication_weight, shard_index, shard_like,
+)
+from cadence.utils.misc import unwrap_model
 
 __all__ = [
     "ChildTuning", "DEFAULT_PARAM_REGEX", "MODES", "child_tuning_f_mask_", "child_tuning_d_mask_",
@@ -78,47 +79,6 @@ trained)."""
 
 
 # ---------------------------------------------------------------------------------- helpers
-def _like(reference: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-    """``local`` as a DTensor laid out like ``reference`` (or plain, if ``reference`` is)."""
-    if not isinstance(reference, DTensor):
-        return local
-    return DTensor.from_local(local, reference.device_mesh, reference.placements,
-                              run_check=False, shape=reference.shape, stride=reference.stride())
-
-
-def _shard_like(reference: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` (a full tensor, or a DTensor) on ``reference``'s device and layout.
-
-    A full tensor is cut into this rank's shard locally (every rank holds the same full
-    tensor, as after loading a ``full`` checkpoint): no communication.
-    """
-    if isinstance(tensor, DTensor):
-        return tensor
-    if tuple(tensor.shape) != tuple(reference.shape):
-        raise ValueError(f"shape {tuple(tensor.shape)} does not match the parameter's "
-                         f"{tuple(reference.shape)}")
-    device = local_tensor(reference).device
-    if not isinstance(reference, DTensor):
-        return tensor.to(device)
-    return distribute_tensor(tensor.to(device), reference.device_mesh, reference.placements,
-                             src_data_rank=None)
-
-
-def _shard_index(tensor: torch.Tensor) -> int:
-    """Which shard of its parameter this rank holds (0 for plain tensors); replicas of the
-    same shard (DDP, the replicate dimension of HYBRID_SHARD) get the same index."""
-    if not isinstance(tensor, DTensor):
-        return 0
-    mesh, coordinate = tensor.device_mesh, tensor.device_mesh.get_coordinate()
-    if coordinate is None:
-        return 0
-    index = 0
-    for dim, placement in enumerate(tensor.placements):
-        if is_shard_placement(placement):  # Shard, or FSDP2's _StridedShard over TP
-            index = index * mesh.size(dim) + coordinate[dim]
-    return index
-
-
 def _reduce(values: list[float], op: str, device: torch.device) -> list[float]:
     """All-reduce a few numbers (float64) over all ranks; ``device`` must suit the backend
     (the tensors' own device: CUDA under NCCL)."""
@@ -130,19 +90,8 @@ def _reduce(values: list[float], op: str, device: torch.device) -> list[float]:
 def _global_count(tensors: Iterable[torch.Tensor], count: Callable[[torch.Tensor], float],
                   device: torch.device) -> float:
     """``sum(count(local shard))`` over every global entry once (replicas counted once)."""
-    local = sum(_replication_weight(t) * count(local_tensor(t)) for t in tensors)
+    local = sum(replication_weight(t) * count(local_tensor(t)) for t in tensors)
     return _reduce([local], "sum", device)[0]
-
-
-def _replication_weight(tensor: torch.Tensor) -> float:
-    """``1 / (ranks holding each of this rank's entries)``: summing counts weighted by it
-    over all ranks counts every global entry once."""
-    if isinstance(tensor, DTensor):
-        mesh = tensor.device_mesh
-        shards = math.prod(mesh.size(d) for d, p in enumerate(tensor.placements)
-                           if is_shard_placement(p))
-        return shards / mesh.size()
-    return 1.0 / dist.get_world_size()
 
 
 # ---------------------------------------------------------------------------------- F mode
@@ -195,7 +144,7 @@ def top_fraction_threshold(values: Iterable[torch.Tensor], fraction: float) -> f
     for value in values:
         local = local_tensor(value).detach()
         device = local.device
-        groups.setdefault(_replication_weight(value), []).append(local.reshape(-1).float())
+        groups.setdefault(replication_weight(value), []).append(local.reshape(-1).float())
     flat = {w: torch.cat(ts) for w, ts in groups.items()}
     local_bad = sum(float(((t < 0) | t.isnan()).sum()) for t in flat.values())
     if _reduce([local_bad], "sum", device)[0] > 0:
@@ -237,7 +186,7 @@ def fisher_mask(fisher: Mapping[str, torch.Tensor], reserve_p: float) -> dict[st
         name -> bool mask (``fisher >= threshold``), laid out like the Fisher tensor.
     """
     threshold = top_fraction_threshold(fisher.values(), reserve_p)
-    return {name: _like(f, local_tensor(f) >= threshold) for name, f in fisher.items()}
+    return {name: dtensor_like(f, local_tensor(f) >= threshold) for name, f in fisher.items()}
 
 
 def child_tuning_d_mask_(grads: Iterable[Optional[torch.Tensor]],
@@ -302,7 +251,7 @@ def fisher_information(
     if count:
         for value in fisher.values():
             value.div_(count)
-    return {name: _like(params[name], value) for name, value in fisher.items()}
+    return {name: dtensor_like(params[name], value) for name, value in fisher.items()}
 
 
 # ---------------------------------------------------------------------------------- class
@@ -443,7 +392,7 @@ class ChildTuning(Algorithm):
         groups: dict[tuple[torch.device, int], list[torch.Tensor]] = {}
         for p in self._params.values():
             if p.grad is not None:
-                key = (local_tensor(p.grad).device, _shard_index(p.grad))
+                key = (local_tensor(p.grad).device, shard_index(p.grad))
                 groups.setdefault(key, []).append(p.grad)
         for (device, shard), grads in groups.items():
             generator = torch.Generator(device=device)
@@ -494,7 +443,7 @@ class ChildTuning(Algorithm):
         if self.mode == "D":
             sd["mask_ready"] = bool(self.masks)
             sd["mask"] = dict(self.masks) if self.masks else {
-                n: _like(p, torch.zeros_like(local_tensor(p), dtype=torch.bool))
+                n: dtensor_like(p, torch.zeros_like(local_tensor(p), dtype=torch.bool))
                 for n, p in self._params.items()}
         return sd
 
@@ -528,7 +477,7 @@ class ChildTuning(Algorithm):
         masks = {}
         for name, param in self._params.items():
             try:
-                masks[name] = _shard_like(param, saved[name].to(torch.bool))
+                masks[name] = shard_like(param, saved[name], dtype=torch.bool)
             except ValueError as exc:
                 raise ValueError(f"ChildTuning: the mask of {name!r}: {exc}") from None
         self.masks = masks

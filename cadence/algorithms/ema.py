@@ -29,12 +29,11 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from cadence.core import Algorithm, Event, State, Time, TimeUnit
-from cadence.parallel import unwrap_model
 from cadence.registry import algorithms
-from cadence.utils.dtensor import local_tensor
+from cadence.utils.dtensor import local_tensor, shard_like
+from cadence.utils.misc import unwrap_model
 
 __all__ = ["EMA", "compute_ema", "smoothing_from_half_life"]
 
@@ -281,18 +280,10 @@ class EMA(Algorithm):
         missing = sorted(set(current) - set(saved))
         if missing:
             raise ValueError(f"EMA: the checkpoint's EMA has no {missing[:5]}.")
-        self.shadow = {n: _like_tensor(current[n], saved[n], n) for n in current}
-
-
-def _like_tensor(reference: torch.Tensor, value: torch.Tensor, name: str) -> torch.Tensor:
-    """A copy of ``value`` with ``reference``'s dtype, device and (DTensor) layout."""
-    if isinstance(value, DTensor):
-        return value.detach().clone()
-    if tuple(value.shape) != tuple(reference.shape):
-        raise ValueError(f"EMA: {name} has shape {tuple(value.shape)} in the checkpoint, "
-                         f"{tuple(reference.shape)} in the model.")
-    value = value.detach().to(device=local_tensor(reference).device, dtype=reference.dtype)
-    if isinstance(reference, DTensor):
-        return distribute_tensor(value, reference.device_mesh, reference.placements,
-                                 src_data_rank=None)
-    return value.clone()
+        shadow = {}
+        for name, tensor in current.items():
+            try:
+                shadow[name] = shard_like(tensor, saved[name], dtype=tensor.dtype)
+            except ValueError as exc:
+                raise ValueError(f"EMA: {name} in the checkpoint: {exc}.") from None
+        self.shadow = shadow

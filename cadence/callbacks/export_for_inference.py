@@ -15,6 +15,7 @@ import torch
 
 from cadence.registry import callbacks
 from cadence.core import Callback
+from cadence.utils.misc import unwrap_model
 
 if TYPE_CHECKING:
     from cadence.core import State
@@ -88,9 +89,7 @@ class ExportForInferenceCallback(Callback):
         """
         from cadence.utils.inference import export_with_logger
 
-        model = state.model
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model = model.module
+        model = unwrap_model(state.model)
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"Exporting needs a torch.nn.Module, got {type(model).__name__}.")
         export_with_logger(model=model, save_format=self.save_format, save_path=self.save_path,

@@ -12,11 +12,12 @@ import warnings
 from typing import TYPE_CHECKING, Any, Iterator, Union
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from cadence.core import Callback, Time, TimeUnit
 from cadence.parallel.grad_norm import get_grad_norm, get_param_norm
 from cadence.registry import callbacks
+from cadence.utils.dtensor import full_tensor
+from cadence.utils.misc import unwrap_model
 
 if TYPE_CHECKING:
     from cadence.core import State
@@ -26,14 +27,7 @@ __all__ = ["OptimizerMonitor"]
 
 def _named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Parameter]]:
     """The model's parameters under the user's names (without DDP's ``module.`` prefix)."""
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        model = model.module
-    return model.named_parameters()
-
-
-def _full(value: Any) -> Any:
-    """A DTensor metric (a norm of a sharded tensor) as a plain tensor; others unchanged."""
-    return value.full_tensor() if isinstance(value, DTensor) else value
+    return unwrap_model(model).named_parameters()
 
 
 @callbacks.register("optimizer_monitor")
@@ -134,6 +128,6 @@ class OptimizerMonitor(Callback):
             for name, param in _named_parameters(state.model):
                 if param.requires_grad:
                     reported = reporter(param, name, reported)
-            metrics.update({key: _full(value) for key, value in reported.items()
+            metrics.update({key: full_tensor(value) for key, value in reported.items()
                             if key not in metrics})
         logger.log_metrics(metrics)

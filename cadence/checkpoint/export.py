@@ -29,6 +29,7 @@ from cadence.checkpoint.files import (
 )
 from cadence.checkpoint.safe_unpickle import SafeFileSystemReader
 from cadence.checkpoint.writing import write_full_file
+from cadence.utils.misc import unwrap_model
 
 __all__ = ["hf_from_checkpoint_path", "hf_model_from_checkpoint", "huggingface_metadata",
            "load_full_state", "to_full"]
@@ -46,7 +47,7 @@ def huggingface_metadata(model: torch.nn.Module) -> dict[str, Any]:
 
     from cadence.checkpoint.peft_metadata import peft_base_model, peft_metadata
 
-    module = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    module = unwrap_model(model)
     inner = getattr(module, "model", None)
     peft = peft_metadata(inner) if inner is not None else {}  # a peft model: its base's class
     inner = peft_base_model(inner) if peft else inner

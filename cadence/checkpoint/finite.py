@@ -24,9 +24,9 @@ import math
 from typing import Optional
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from cadence.utils import dist
+from cadence.utils.dtensor import local_tensor
 
 __all__ = ["FirstNonFinite", "NonFiniteStateError", "finite_flags", "nonfinite_state"]
 
@@ -61,10 +61,6 @@ class FirstNonFinite:
         self._first = None
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
 def finite_flags(tensors: list[torch.Tensor], exact: bool = False) -> torch.Tensor:
     """Per tensor, whether its sum is finite (a bool tensor on the first tensor's device; no
     host sync): one sum per tensor, accumulated in fp32. NaN and inf propagate into a sum, so
@@ -84,8 +80,8 @@ def finite_flags(tensors: list[torch.Tensor], exact: bool = False) -> torch.Tens
 def _checked(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """The floating-point parameters and buffers of ``model`` (this rank's shards), by name."""
     named = [*model.named_parameters(), *model.named_buffers()]
-    return [(name, _local(t).detach()) for name, t in named
-            if t is not None and t.is_floating_point() and _local(t).numel() > 0]
+    return [(name, local_tensor(t).detach()) for name, t in named
+            if t is not None and t.is_floating_point() and local_tensor(t).numel() > 0]
 
 
 def nonfinite_state(model: torch.nn.Module, loss: Optional[torch.Tensor]) -> Optional[str]:

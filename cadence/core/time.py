@@ -79,6 +79,7 @@ class TimeUnit(str, Enum):
         return self.value
 
 
+_UNIT_INDEX = {unit: index for index, unit in enumerate(TimeUnit)}
 _UNIT_NAMES = ", ".join(f"'{u.value}'" for u in TimeUnit)
 _TIME_RE = re.compile(
     r"^\s*(.+?)\s*(" + "|".join(sorted((u.value for u in TimeUnit), key=len, reverse=True))
@@ -294,8 +295,10 @@ class Time(Generic[TValue]):
         return bool(self._value)
 
     def __hash__(self) -> int:
-        # equal to its number's hash, as ``Time(3, "ba") == 3``: ``batch in {1, 3}`` works
-        return hash(self._value)
+        # value and unit, as Composer hashes: Times of different units can share a set or a
+        # dict (equal hashes would make the set compare them, which raises). The unit enters
+        # as its position, so the hash is the same in every process (a str's is salted).
+        return hash((self._value, _UNIT_INDEX[self._unit]))
 
     def __getstate__(self) -> tuple[Any, str]:
         return self._value, self._unit.value

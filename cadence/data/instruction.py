@@ -78,6 +78,7 @@ from torch.utils.data import DataLoader, Dataset
 from cadence.registry.arg_checks import Check, arg_checks
 from cadence.registry import datasets
 from cadence.data.cache import resolve_cache_dir
+from cadence.data.tokenizer import load_tokenizer
 from cadence.utils.dist import get_sampler
 from cadence.utils.packages import resolve_package_path
 
@@ -451,17 +452,6 @@ class InstructionDataset(Dataset):
         return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
-def _load_tokenizer(tokenizer: Any) -> Any:
-    if isinstance(tokenizer, (str, os.PathLike)):
-        from cadence.models.gpt import load_tokenizer
-
-        return load_tokenizer(resolve_package_path(tokenizer))
-    if not callable(tokenizer) or not hasattr(tokenizer, "eos_token"):
-        raise ValueError(f"tokenizer must be a transformers tokenizer or its local directory, "
-                         f"got {type(tokenizer).__name__}.")
-    return tokenizer
-
-
 def _positive_int(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and value >= 1
 
@@ -513,7 +503,7 @@ def instruction_dataloader(
     for name, value in (("max_seq_len", max_seq_len), ("batch_size", batch_size)):
         if not _positive_int(value):
             raise ValueError(f"instruction: {name} must be an integer >= 1, got {value!r}.")
-    tok = _load_tokenizer(tokenizer)
+    tok = load_tokenizer(tokenizer)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     if pad is None:
         raise ValueError("instruction: the tokenizer has neither a pad nor an eos token; set "

@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from cadence.utils.dist import get_sampler
 from cadence.registry import datasets
+from cadence.data.tokenizer import load_tokenizer
 from cadence.utils.packages import package_dir, resolve_package_path
 
 __all__ = ["LABELS", "SENTIMENT_CSV", "TweetSentimentDataset", "load_tweets", "minilm_dir",
@@ -129,20 +130,6 @@ class TweetSentimentDataset(Dataset):
                 "labels": self.labels[index]}
 
 
-def _load_tokenizer(tokenizer: Any) -> Any:
-    if tokenizer is None:
-        tokenizer = minilm_dir()
-    if isinstance(tokenizer, (str, os.PathLike)):
-        from transformers import AutoTokenizer
-
-        path = resolve_package_path(tokenizer)
-        if not os.path.isdir(path):
-            raise ValueError(f"Tokenizer directory {path!r} does not exist; give a local "
-                             f"directory or pkg://package/path (no model hub is reached).")
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return tokenizer
-
-
 def _check_count(name: str, value: Any, allow_none: bool = False) -> None:
     if allow_none and value is None:
         return
@@ -216,8 +203,9 @@ def tweet_sentiment_dataloader(
     order = np.random.default_rng(seed).permutation(len(texts))
     chosen = (order[:num_val] if split == "val"
               else order[num_val:] if num_train is None else order[num_val:num_val + num_train])
+    tok = load_tokenizer(minilm_dir() if tokenizer is None else tokenizer)
     dataset = TweetSentimentDataset([texts[i] for i in chosen], [labels[i] for i in chosen],
-                                    _load_tokenizer(tokenizer), max_length)
+                                    tok, max_length)
     is_train = split == "train"
     shuffle = is_train if shuffle is None else bool(shuffle)
     drop_last = is_train if drop_last is None else bool(drop_last)

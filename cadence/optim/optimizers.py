@@ -14,7 +14,7 @@ import torch
 
 from cadence.registry.arg_checks import at_least, declare_arg_checks, each, in_interval
 from cadence.registry import optimizers
-from cadence.optim.scheduler import ComposerScheduler, scheduler_multiplier
+from cadence.optim.scheduler import ComposerScheduler, compile_composer_scheduler
 
 if TYPE_CHECKING:
     from cadence.core.state import State
@@ -44,8 +44,8 @@ def compile_scheduler(
 ) -> Any:
     """A torch LR scheduler for ``scheduler``: a :class:`ComposerScheduler` (or any
     ``Callable[[State], float]``) becomes a ``LambdaLR`` on ``optimizer`` reading ``state``
-    (as :func:`~cadence.optim.scheduler.compile_composer_scheduler` does); a torch
-    ``LRScheduler`` is returned as is.
+    (:func:`~cadence.optim.scheduler.compile_composer_scheduler`); a torch ``LRScheduler`` is
+    returned as is.
 
     Args:
         scheduler: the schedule.
@@ -59,7 +59,7 @@ def compile_scheduler(
     if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
         return scheduler
     if callable(scheduler):
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, scheduler_multiplier(scheduler, state, ssr))
+        return compile_composer_scheduler(scheduler, state, ssr, optimizer=optimizer)
     raise TypeError(
         f"schedulers must be ComposerSchedulers (callables of State) or torch LRSchedulers, "
         f"got {type(scheduler).__name__}."

@@ -30,7 +30,7 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, Union
 
 import torch
 
@@ -521,24 +521,30 @@ def scheduler_multiplier(scheduler: Callable[..., float], state: State, ssr: flo
     return multiplier
 
 
-def compile_composer_scheduler(scheduler: Callable[..., float], state: State, ssr: float = 1.0
+def compile_composer_scheduler(scheduler: Callable[..., float], state: State, ssr: float = 1.0,
+                               *, optimizer: Optional[torch.optim.Optimizer] = None,
                                ) -> torch.optim.lr_scheduler.LambdaLR:
-    """A ``LambdaLR`` on the state's optimizer whose factor is ``scheduler(state[, ssr])``.
+    """A ``LambdaLR`` whose factor is ``scheduler(state[, ssr])``: the one place a schedule
+    becomes a torch scheduler (the Trainer's ``compile_scheduler`` calls it).
 
     Args:
         scheduler: a :class:`ComposerScheduler` or any ``(state) -> float``.
-        state: the run's State, with exactly one optimizer.
+        state: the run's State; without ``optimizer``, it must hold exactly one optimizer.
         ssr: scale-schedule ratio passed to the scheduler.
+        optimizer: the optimizer whose learning rate it sets; default the state's one
+            optimizer (Composer's behaviour).
 
     Raises:
-        NotImplementedError: the state has no or several optimizers (as Composer).
+        NotImplementedError: no ``optimizer`` given and the state has no or several
+            optimizers (as Composer).
         ValueError: ``ssr != 1`` for a scheduler that takes no ``ssr`` (raised when it runs).
     """
-    if len(state.optimizers) != 1:
-        raise NotImplementedError(f"A ComposerScheduler needs exactly one optimizer on the state; "
-                                  f"it has {len(state.optimizers)}.")
-    return torch.optim.lr_scheduler.LambdaLR(state.optimizers[0],
-                                             scheduler_multiplier(scheduler, state, ssr))
+    if optimizer is None:
+        if len(state.optimizers) != 1:
+            raise NotImplementedError(f"A ComposerScheduler needs exactly one optimizer on the "
+                                      f"state; it has {len(state.optimizers)}.")
+        optimizer = state.optimizers[0]
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, scheduler_multiplier(scheduler, state, ssr))
 
 
 _REGISTRY_NAMES: dict[str, type[Any]] = {

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from cadence.parallel.mesh import mesh_shape
     from cadence.parallel.parallel_dims import ParallelDims, build_mesh
     from cadence.parallel.plan import ParallelPlan, parallelize
-    from cadence.parallel.tp import is_shard_placement
+    from cadence.utils.dtensor import is_shard_placement
+    from cadence.utils.misc import unwrap_model
 
 __all__ = [
     "FSDPConfig", "TPConfig", "ParallelismConfig", "ParallelPlan", "parse_parallelism_config",
@@ -40,15 +41,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "build_mesh": "cadence.parallel.parallel_dims", "mesh_shape": _mesh,
     "ParallelDims": "cadence.parallel.parallel_dims", "ParallelPlan": "cadence.parallel.plan",
     "parallelize": "cadence.parallel.plan",
-    "is_shard_placement": "cadence.parallel.tp",
+    "is_shard_placement": "cadence.utils.dtensor", "unwrap_model": "cadence.utils.misc",
 })
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The user's model inside a DDP wrapper (FSDP2 shards in place, so it is the model)."""
-    from torch import nn
-
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
 def is_fsdp(model: nn.Module) -> bool:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Iterable
 
 import torch
-from torch.distributed.tensor import DTensor
+
+from cadence.utils.dtensor import full_tensor
 
 __all__ = ["get_grad_norm", "get_param_norm"]
 
@@ -20,8 +21,7 @@ __all__ = ["get_grad_norm", "get_param_norm"]
 def _total_norm(tensors: list[torch.Tensor], norm_type: float) -> torch.Tensor:
     if not tensors:
         return torch.zeros(())
-    norm = torch.nn.utils.get_total_norm(tensors, norm_type=norm_type)
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    return full_tensor(torch.nn.utils.get_total_norm(tensors, norm_type=norm_type))
 
 
 def get_grad_norm(parameters: Iterable[torch.nn.Parameter], norm_type: float = 2.0) -> torch.Tensor:

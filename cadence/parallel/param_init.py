@@ -61,6 +61,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from cadence.utils import dist
 from cadence.utils.dtensor import local_chunk
+from cadence.utils.misc import unwrap_model
 
 __all__ = ["materialize_and_init", "init_hook", "check_init_hook", "has_meta_tensors",
            "LayoutInvariantRandom", "shared_parameters", "retie_parameters"]
@@ -71,14 +72,10 @@ def has_meta_tensors(model: nn.Module) -> bool:
     return any(t.is_meta for t in [*model.parameters(), *model.buffers()])
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-
-
 def init_hook(model: nn.Module) -> Optional[str]:
     """The init hook :func:`materialize_and_init` will call: ``"init_weights"``,
     ``"param_init_fn"``, or ``None`` when the (unwrapped) model defines neither."""
-    inner = _unwrap(model)
+    inner = unwrap_model(model)
     for name in ("init_weights", "param_init_fn"):
         if callable(getattr(inner, name, None)):
             return name
@@ -94,7 +91,7 @@ def check_init_hook(model: nn.Module) -> None:
     """
     if has_meta_tensors(model) and init_hook(model) is None:
         raise ValueError(
-            f"The model ({type(_unwrap(model)).__name__}) has parameters on the meta device "
+            f"The model ({type(unwrap_model(model)).__name__}) has parameters on the meta device "
             f"but defines neither init_weights() nor param_init_fn(module), so nothing can "
             f"initialise it after sharding. Define one of them on the model (see "
             f"cadence.parallel.param_init), build the model on the CPU instead, or let rank 0 "
@@ -216,7 +213,7 @@ def materialize_and_init(model: nn.Module, device: torch.device | str,
         return
     check_init_hook(model)
     device = torch.device(device)
-    inner = _unwrap(model)
+    inner = unwrap_model(model)
     ties = shared_parameters(model)
     model.to_empty(device=device)
     retie_parameters(ties)

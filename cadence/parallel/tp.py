@@ -61,6 +61,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from cadence.parallel.tp_styles import TP_STYLE_NAMES, resolve_tp_style
+from cadence.utils.dtensor import is_shard_placement
 
 __all__ = [
     "TPPlan", "TPEntry", "BLOCK_PLANS", "STYLE_NAMES", "plan_tensor_parallel", "apply_tp",
@@ -91,15 +92,6 @@ BLOCK_PLANS: dict[str, dict[str, str]] = {
 
 STYLE_NAMES = TP_STYLE_NAMES
 """The style names a plan may use (:data:`cadence.parallel.tp_styles.TP_STYLE_NAMES`)."""
-
-
-def is_shard_placement(placement: Any) -> bool:
-    """Whether a DTensor placement splits the tensor: ``Shard``, or the ``_StridedShard``
-    FSDP2 uses on the data-parallel dimension of a parameter that TP already shards on the
-    same tensor dimension (``_StridedShard.is_shard()`` is False)."""
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    return bool(placement.is_shard()) or isinstance(placement, _StridedShard)
 
 
 def _is_conv1d(module: nn.Module) -> bool:

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from cadence.utils import dist
+from cadence.utils.misc import unwrap_model
 
 if TYPE_CHECKING:
     from cadence.loggers.logger import Logger
@@ -68,7 +69,7 @@ def _check_exportable(model: nn.Module) -> None:
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    if isinstance(model, nn.parallel.DistributedDataParallel):
+    if unwrap_model(model) is not model:
         raise ValueError("export_for_inference: pass the module inside DistributedDataParallel "
                          "(model.module), not the wrapper.")
     if isinstance(model, FSDPModule) or any(isinstance(p, DTensor) for p in model.parameters()):

@@ -2,7 +2,9 @@
 ``interval`` (and at the end of training), for ``save_interval`` and ``eval_interval``;
 ``interval_crossed``: the rule it applies (also the Trainer's ``eval_interval`` and
 ``log_interval``, and the console's);
-``add_vision_dataset_transform``: a transform added to a dataset's ``transform`` pipeline.
+``add_vision_dataset_transform``: a transform added to a dataset's ``transform`` pipeline;
+``unwrap_model``: the user's model inside a ``DistributedDataParallel`` wrapper (the one
+place that unwraps DDP; ``cadence.parallel.unwrap_model`` is this function).
 
 Source: MosaicML Composer's ``create_interval_scheduler`` and
 ``add_vision_dataset_transform`` (``composer/utils/misc.py``): same arguments, defaults and
@@ -14,13 +16,31 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
+from torch import nn
+
 from cadence.core.event import Event
 from cadence.core.time import Time, TimeUnit
 
 if TYPE_CHECKING:
     from cadence.core import State
 
-__all__ = ["add_vision_dataset_transform", "create_interval_scheduler", "interval_crossed"]
+__all__ = ["add_vision_dataset_transform", "create_interval_scheduler", "interval_crossed",
+           "unwrap_model"]
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's model: ``model.module`` if ``model`` is a ``DistributedDataParallel``
+    wrapper, else ``model`` itself (FSDP2 and tensor parallelism shard the model in place, so
+    a sharded model is the user's model).
+
+    Args:
+        model: the model as the run holds it (``state.model``), wrapped or not.
+
+    Returns:
+        The module whose parameter names and attributes are the user's (no ``module.``
+        prefix).
+    """
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
 def interval_crossed(state: State, interval: Time) -> bool:
@@ -39,8 +59,6 @@ def interval_crossed(state: State, interval: Time) -> bool:
         RuntimeError: a ``dur`` interval with ``max_duration`` in epochs and an unsized
             dataloader.
     """
-    from cadence.core import TimeUnit
-
     unit = interval.unit
     if unit != TimeUnit.DURATION:
         step = float(interval.value)

@@ -180,11 +180,16 @@ def test_resume_continues_the_newest_run_of_the_same_name(tmp_path: Path, store:
     assert client(store).get_run(first.run_id).info.status == "FINISHED"
 
 
-def test_async_logging_is_drained_at_close_and_system_metrics_run(tmp_path: Path,
-                                                                   store: str) -> None:
+def test_async_logging_is_drained_at_close_and_system_metrics_run(
+        tmp_path: Path, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     mlflow_logger = MLFlowLogger(experiment_name="async", tracking_uri=store, flush_interval=0,
                                  synchronous=False)
     fit(tmp_path, mlflow_logger, "async")  # log_system_metrics=True by default
+    # drained in the logger's own store: MLflow's global default store (./mlflow.db, which
+    # this test once left at the repository root) is never opened
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
     history = client(store).get_metric_history(mlflow_logger.run_id, "loss/train/total")
     assert [m.step for m in sorted(history, key=lambda m: m.step)] == [1, 2, 4, 6]
     monitor = mlflow_logger._system_monitor

@@ -185,3 +185,30 @@ def test_a_trainer_run_follows_the_schedule() -> None:
     expected = {1: 0.5, 2: 1.0, 3: cos_anneal(1 / 4), 4: cos_anneal(2 / 4),
                 5: cos_anneal(3 / 4), 6: 0.0}
     assert lrs == pytest.approx(expected)
+
+
+def test_the_trainers_compile_scheduler_is_composers_on_a_given_optimizer() -> None:
+    from cadence.optim.optimizers import compile_scheduler
+
+    first = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.2)
+    second = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.2)
+    state = state_at(0, max_duration="8ba")
+    state.optimizers = [first, second]  # compile_composer_scheduler alone would refuse two
+    with pytest.raises(NotImplementedError, match="exactly one optimizer"):
+        compile_composer_scheduler(lambda s: 0.5, state)
+    schedule = LinearWithWarmupScheduler("4ba", t_max="8ba")
+    lr = compile_scheduler(schedule, second, state)
+    direct = compile_composer_scheduler(schedule, state, optimizer=first)
+    assert type(lr) is type(direct) is torch.optim.lr_scheduler.LambdaLR
+    for _ in range(3):
+        for optimizer, scheduler in ((first, direct), (second, lr)):
+            optimizer.step()
+            scheduler.step()
+        state.timestamp = state.timestamp.to_next_batch(samples=4)
+    assert lr.get_last_lr() == direct.get_last_lr() == [pytest.approx(0.1)]
+    with pytest.raises(ValueError, match="scale_schedule_ratio"):
+        compile_scheduler(lambda s: 0.5, first, state, ssr=2.0)
+    torch_scheduler = torch.optim.lr_scheduler.StepLR(first, step_size=1)
+    assert compile_scheduler(torch_scheduler, first, state) is torch_scheduler
+    with pytest.raises(TypeError, match="ComposerSchedulers"):
+        compile_scheduler(3, first, state)
