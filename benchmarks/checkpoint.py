@@ -329,7 +329,7 @@ def _resume_parts(samples: int, batch_size: int) -> tuple[Any, Any]:
 
 def resume(args: argparse.Namespace) -> list[dict[str, Any]]:
     from cadence.checkpoint import save_checkpoint
-    from cadence.checkpoint.files import write_latest
+    from cadence.checkpoint.store import write_latest
     from cadence.core.time import Timestamp
 
     samples, batch_size = args.resume_samples, 8

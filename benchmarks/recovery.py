@@ -231,7 +231,7 @@ class Run:
 
 def saved_step(folder: Path) -> tuple[int, Path]:
     """The batch of the newest complete checkpoint (the ``latest`` pointer's) and its path."""
-    from cadence.checkpoint.files import read_latest
+    from cadence.checkpoint.store import read_latest
 
     path = read_latest(folder, f"latest-{RUN_NAME}")
     if path is None:

@@ -18,11 +18,12 @@ from cadence.checkpoint.async_save import AsyncCheckpointer
 from cadence.checkpoint.checkpoint import FORMATS, CheckpointError, read_metadata, save_checkpoint
 from cadence.checkpoint.files import (
     DEFAULT_FILENAME, DEFAULT_LATEST, NONFINITE_SUFFIX, TMP_MARK, format_name, name_template,
-    pointer_template, read_latest, remove_checkpoint, write_latest,
+    pointer_name, pointer_template, remove_checkpoint,
 )
 from cadence.checkpoint.finite import FirstNonFinite, NonFiniteStateError, nonfinite_state
 from cadence.checkpoint.remote import RemoteFolder
 from cadence.checkpoint.run_folder import RunFolder
+from cadence.checkpoint.store import write_latest
 from cadence.core import Callback, Event, State, Time, Timestamp, TimeUnit
 from cadence.utils import dist
 
@@ -57,7 +58,9 @@ class CheckpointSaver(Callback):
             (rank 0 writes it). Default ``latest-rank{rank}.pt``; None for none. cadence's
             own ``latest`` pointer (a text file, moved only once a save is complete on
             every rank; what autoresume reads) is named ``latest-{run_name}`` beside it. A
-            name not ending in ``.pt`` names that pointer instead (cadence's older API).
+            name not ending in ``.pt`` names that pointer instead (cadence's older API). The
+            symlink is written for ``full`` checkpoints in a local folder; a ``sharded`` one
+            or a remote folder has the pointer only (:mod:`~cadence.checkpoint.store`).
         latest_remote_file_name: after each upload, a ``<name>.symlink`` file holding the
             uploaded checkpoint's name is uploaded under this name (Composer's remote
             "symlink"); default ``{run_name}/checkpoints/latest-rank{rank}.pt``; None: none.
@@ -125,10 +128,10 @@ class CheckpointSaver(Callback):
     def __init__(self, folder: Union[str, Path, RunFolder] = "{run_name}/checkpoints",
                  filename: Union[str, Path] = DEFAULT_FILENAME,
                  remote_file_name: Optional[Union[str, Path]] = (
-                     "{run_name}/checkpoints/ep{epoch}-ba{batch}-rank{rank}.pt"),
+                     "{run_name}/checkpoints/" + DEFAULT_FILENAME),
                  latest_filename: Optional[Union[str, Path]] = DEFAULT_LATEST,
                  latest_remote_file_name: Optional[Union[str, Path]] = (
-                     "{run_name}/checkpoints/latest-rank{rank}.pt"),
+                     "{run_name}/checkpoints/" + DEFAULT_LATEST),
                  save_interval: SaveInterval = "1ep", *,
                  overwrite: bool = False, num_checkpoints_to_keep: int = -1,
                  weights_only: bool = False,
@@ -382,12 +385,13 @@ class CheckpointSaver(Callback):
         except (OSError, ValueError) as exc:
             written = f"Writing it aside to {aside} failed too ({exc})"
         latest = None
-        if dist.get_global_rank() == 0 and self.remote_folder(state) is None:
+        if dist.get_global_rank() == 0:
+            store = self.run_folder(state).store
             try:
-                latest = read_latest(path.parent, self.latest_filename.format(
-                    run_name=state.run_name))
-            except CheckpointError:
+                latest = store.read_latest(pointer_name(self.latest_filename, state.run_name))
+            except (CheckpointError, OSError):
                 latest = None
+            latest = None if latest is None else store.location(latest)
         pointer = ("the latest pointer was not moved" if latest is None
                    else f"the latest pointer still names {latest}")
         first = self._first_nonfinite.first()
@@ -523,7 +527,7 @@ class CheckpointSaver(Callback):
         """Move the ``latest`` pointer to ``name`` and drop checkpoints beyond the limit
         (``barrier``: then wait for every rank; the background writer has its own)."""
         rank0 = dist.get_global_rank() == 0
-        latest = self.latest_filename.format(run_name=state.run_name)
+        latest = pointer_name(self.latest_filename, state.run_name)
         remote = self.remote_folder(state)
         if remote is not None:
             self._commit_remote(state, remote, folder, name, latest)
@@ -532,10 +536,8 @@ class CheckpointSaver(Callback):
             self._write_symlink(folder, name)
         while 0 <= self.num_checkpoints_to_keep < len(self.saved):
             oldest = self.saved.pop(0)
-            if rank0 and remote is not None:
-                remote.remove(oldest)  # its marker first
-            elif rank0:
-                remove_checkpoint(folder / oldest)
+            if rank0:
+                self.run_folder(state).store.remove(oldest)  # a remote one: its marker first
         if barrier:
             dist.barrier()
             log.info("Saved checkpoint %s", folder / name)

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
         SafeLoadPlanner, load_checkpoint, read_metadata, save_checkpoint,
     )
     from cadence.checkpoint.errors import CheckpointError, CheckpointWriteError
-    from cadence.checkpoint.files import find_latest_checkpoint, is_complete
+    from cadence.checkpoint.files import is_complete
+    from cadence.checkpoint.store import find_latest_checkpoint
 
 __all__ = ["CheckpointError", "CheckpointWriteError", "SafeLoadPlanner",
            "find_latest_checkpoint", "is_complete", "load_checkpoint", "read_metadata",
@@ -25,7 +26,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "CheckpointError": "cadence.checkpoint.errors",
     "CheckpointWriteError": "cadence.checkpoint.errors",
     "SafeLoadPlanner": "cadence.checkpoint.checkpoint",
-    "find_latest_checkpoint": "cadence.checkpoint.files",
+    "find_latest_checkpoint": "cadence.checkpoint.store",
     "is_complete": "cadence.checkpoint.files",
     "load_checkpoint": "cadence.checkpoint.checkpoint",
     "read_metadata": "cadence.checkpoint.checkpoint",

@@ -1,5 +1,7 @@
-"""Checkpoint paths on disk: names, atomic writes, the ``latest`` pointer, finding the
-newest complete checkpoint, and removing a run's stale temporaries.
+"""Checkpoint names and paths on disk: the name templates (:func:`format_name` is the one
+place a checkpoint name is filled in), completeness, atomic writes, and removing a run's
+stale temporaries. The local checkpoint folder (the ``latest`` pointer, candidates,
+setting aside) is :class:`~cadence.checkpoint.store.LocalFolder`.
 
 A checkpoint is complete once it has its final name: it is written under a temporary name
 in the same folder and renamed (``os.replace``, atomic on POSIX) only after every rank has
@@ -14,8 +16,9 @@ the run's name (:func:`run_tag`), so a starting run can tell its own stale tempo
 
 Checkpoints set aside are never candidates: one autoresume rejected (it failed its checksums
 and the run fell back to an earlier one) is renamed ``<name>.rejected-<time>``
-(:func:`move_aside`), and a state with NaN/inf values is written as ``<name>.nonfinite``
-(:mod:`~cadence.checkpoint.finite`); both stay for a person to inspect, neither is deleted.
+(:meth:`~cadence.checkpoint.store.CheckpointStore.move_aside`), and a state with NaN/inf
+values is written as ``<name>.nonfinite`` (:mod:`~cadence.checkpoint.finite`); both stay
+for a person to inspect, neither is deleted.
 """
 
 from __future__ import annotations
@@ -23,24 +26,21 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import secrets
 import shutil
 import tempfile
-import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Optional, Union
 
-from cadence.checkpoint.errors import CheckpointError
 
 __all__ = [
-    "DEFAULT_FILENAME", "DEFAULT_LATEST", "DEFAULT_POINTER", "name_template",
-    "pointer_template", "TMP_MARK", "EXTRA_FILE", "METADATA_FILE", "MANIFEST_FILE",
-    "NONFINITE_SUFFIX",
-    "REJECTED_MARK", "format_name", "is_aside", "is_complete", "move_aside",
-    "not_a_checkpoint_folder",
-    "atomic_write_bytes", "manifest_path", "run_tag",
-    "temporary_path", "write_latest", "read_latest", "checkpoint_candidates",
-    "find_latest_checkpoint", "remove_checkpoint", "remove_stale_temporaries",
+    "DEFAULT_FILENAME", "DEFAULT_LATEST", "DEFAULT_POINTER", "EXTRA_FILE",
+    "MANIFEST_FILE", "METADATA_FILE", "NONFINITE_SUFFIX", "REJECTED_MARK", "TMP_MARK",
+    "atomic_write_bytes", "complete_checkpoints", "could_write", "format_name", "is_aside",
+    "is_complete", "manifest_path", "name_template", "not_a_checkpoint_folder",
+    "pointer_name", "pointer_template", "remove_checkpoint", "remove_stale_temporaries",
+    "run_tag", "temporary_path",
 ]
 
 TMP_MARK = ".tmp-"  # in the name of anything still being written
@@ -87,6 +87,22 @@ def format_name(template: str, *, run_name: str, epoch: int, batch: int, rank: i
         ) from None
 
 
+_SAMPLE = {"epoch": 918273645, "batch": 546372819, "rank": 192837465}  # for could_write
+
+
+def could_write(filename: str, run_name: str, name: str) -> bool:
+    """Whether ``filename`` (a ``save_filename`` template) yields ``name`` (a checkpoint's file
+    or directory name, ``.pt`` optional) for run ``run_name`` at some epoch, batch and rank."""
+    try:
+        sample = format_name(filename, run_name=run_name, **_SAMPLE)
+    except ValueError:
+        return False  # a bad template is reported by the CheckpointSaver
+    pattern = re.escape(sample)
+    for value in _SAMPLE.values():
+        pattern = pattern.replace(str(value), r"\d+")
+    return re.fullmatch(pattern + r"(\.pt)?", name) is not None
+
+
 #: Composer's default names: a full checkpoint ``ep{epoch}-ba{batch}-rank{rank}.pt`` (rank 0
 #: writes it), a sharded one the folder ``ep{epoch}-ba{batch}`` (every rank writes its shard
 #: in it), the symlink to the newest ``latest-rank{rank}.pt``.
@@ -116,6 +132,13 @@ def pointer_template(latest_filename: Optional[str]) -> str:
     return latest_filename
 
 
+def pointer_name(latest_filename: Optional[str], run_name: str) -> str:
+    """The name of run ``run_name``'s ``latest`` pointer in its folder for
+    ``latest_filename`` (a ``save_latest_filename``, or a pointer template): by default
+    ``latest-{run_name}`` filled in (:func:`pointer_template`)."""
+    return pointer_template(latest_filename).format(run_name=run_name)
+
+
 def is_complete(path: Path) -> bool:
     """Whether ``path`` is a finished checkpoint: a full file, or a sharded directory with
     torch.distributed.checkpoint's metadata and cadence's extra file; never a temporary."""
@@ -126,28 +149,20 @@ def is_complete(path: Path) -> bool:
     return path.is_file() and path.stat().st_size > 0
 
 
-def is_aside(path: Path) -> bool:
-    """Whether ``path`` was set aside (``*.rejected-<time>``, ``*.nonfinite``): never listed,
-    pointed at or resumed from."""
-    return REJECTED_MARK in path.name or path.name.endswith(NONFINITE_SUFFIX)
+def complete_checkpoints(folder: Path) -> list[Path]:
+    """The complete checkpoints in ``folder`` not set aside (no symlink: Composer's
+    ``latest-rank0.pt`` names a real one), in no order; none when it does not exist."""
+    if not folder.is_dir():
+        return []
+    return [p for p in folder.iterdir() if not p.is_symlink()
+            and (p.is_dir() or p.suffix == ".pt") and not is_aside(p) and is_complete(p)]
 
 
-def move_aside(path: Path) -> Path:
-    """Rename the checkpoint at ``path`` to ``<name>.rejected-<UTC time>`` in its folder (never
-    deleting it), so no later save collides with it and no finder takes it again. Returns the
-    new path.
-
-    Raises:
-        OSError: the rename failed (e.g. a read-only folder).
-    """
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    target = path.with_name(f"{path.name}{REJECTED_MARK}{stamp}")
-    count = 1
-    while target.exists() or target.is_symlink():
-        count += 1
-        target = path.with_name(f"{path.name}{REJECTED_MARK}{stamp}-{count}")
-    os.replace(path, target)
-    return target
+def is_aside(path: Union[str, Path]) -> bool:
+    """Whether the checkpoint named ``path`` was set aside (``*.rejected-<time>``,
+    ``*.nonfinite``): never listed, pointed at or resumed from."""
+    name = Path(path).name
+    return REJECTED_MARK in name or name.endswith(NONFINITE_SUFFIX)
 
 
 def not_a_checkpoint_folder(folder: Path) -> Optional[str]:
@@ -185,104 +200,6 @@ def atomic_write_bytes(path: Path, data: bytes, run_name: Optional[str] = None) 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def write_latest(folder: Path, latest_filename: str, checkpoint_name: str) -> None:
-    """Point ``folder/latest_filename`` at ``checkpoint_name`` (atomically)."""
-    atomic_write_bytes(folder / latest_filename, (checkpoint_name + "\n").encode())
-
-
-def _pointed_name(pointer: Path) -> Path:
-    """The checkpoint path that ``pointer`` names, relative to its folder.
-
-    Raises:
-        CheckpointError: the pointer holds binary data or an empty name, or names something
-            outside its folder (an absolute path, ``..``, a symlink leading out).
-    """
-    raw = pointer.read_bytes()
-    try:
-        text = raw.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        text = None
-    if not text or any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
-        what = "is empty" if text == "" else f"holds binary data ({raw[:16]!r}...)"
-        raise CheckpointError(
-            f"The latest pointer {pointer} {what}, not the name of a checkpoint in its folder. "
-            f"Delete it: autoresume then picks the newest complete checkpoint of the run.")
-    name = Path(text)
-    folder = pointer.parent
-    inside = not name.is_absolute() and ".." not in name.parts
-    if inside:
-        try:
-            (folder / name).resolve().relative_to(folder.resolve())
-        except ValueError:
-            inside = False  # a symlink leading out of the folder
-    if not inside:
-        raise CheckpointError(
-            f"The latest pointer {pointer} names {text!r}, which is outside its folder "
-            f"{folder}; a pointer may only name a checkpoint inside its own folder. Delete "
-            f"the pointer (autoresume then picks the newest complete checkpoint of the run), "
-            f"or pass the checkpoint you mean as load_path.")
-    return name
-
-
-def read_latest(folder: Path, latest_filename: str) -> Optional[Path]:
-    """The checkpoint the pointer names, if the pointer exists and the checkpoint is complete.
-
-    Raises:
-        CheckpointError: the pointer holds garbage or names a path outside ``folder``.
-    """
-    pointer = folder / latest_filename
-    if not pointer.is_file():
-        return None
-    name = _pointed_name(pointer)
-    target = folder / name
-    if is_complete(target) and str(name) not in ("", ".") and not is_aside(target):
-        return target
-    what = ("does not exist" if not target.exists() else
-            "is its own folder" if str(name) in ("", ".") else
-            "was set aside" if is_aside(target) else "is not a complete checkpoint")
-    log.warning("The latest pointer %s holds %r, which %s; it is ignored, and the newest "
-                "complete checkpoint of the run in %s is used instead (if any).", pointer,
-                str(name), what, folder)
-    return None
-
-
-def checkpoint_candidates(folder: Path, latest_filename: str,
-                          belongs: Optional[Callable[[Path], bool]] = None) -> Iterator[Path]:
-    """Complete checkpoints in ``folder``, newest first: the one ``latest`` names, then the
-    others for which ``belongs(path)`` holds, most recently modified first (lazily: a
-    consumer that stops at the first pays for one). Temporaries, partial directories and
-    symlinks (Composer's ``latest-rank0.pt``) are skipped.
-
-    Raises:
-        CheckpointError: the ``latest`` pointer holds garbage or names a path outside
-            ``folder`` (see :func:`read_latest`).
-    """
-    if not folder.is_dir():
-        return
-    pointed = read_latest(folder, latest_filename)
-    if pointed is not None:
-        yield pointed
-    candidates = [p for p in folder.iterdir()
-                  if p.name != latest_filename and not p.is_symlink()  # latest-rank0.pt
-                  and (p.is_dir() or p.suffix == ".pt") and not is_aside(p)
-                  and p != pointed and is_complete(p)]
-    candidates.sort(key=lambda p: p.stat().st_mtime_ns, reverse=True)
-    yield from (p for p in candidates if belongs is None or belongs(p))
-
-
-def find_latest_checkpoint(folder: Path, latest_filename: str,
-                           belongs: Optional[Callable[[Path], bool]] = None) -> Optional[Path]:
-    """The newest complete checkpoint in ``folder``: the one ``latest`` names, else the most
-    recently modified complete one for which ``belongs(path)`` holds (e.g. written by this
-    run); temporaries and partial directories are skipped.
-
-    Raises:
-        CheckpointError: the ``latest`` pointer holds garbage or names a path outside
-            ``folder`` (see :func:`read_latest`).
-    """
-    return next(checkpoint_candidates(folder, latest_filename, belongs), None)
 
 
 def remove_checkpoint(path: Path) -> None:

@@ -57,8 +57,9 @@ import crc32c
 from cadence.utils import dist
 from cadence.checkpoint.errors import CheckpointError
 from cadence.checkpoint.files import (
-    MANIFEST_FILE, TMP_MARK, is_complete, remove_checkpoint,
+    MANIFEST_FILE, METADATA_FILE, TMP_MARK, is_aside, is_complete, remove_checkpoint,
 )
+from cadence.checkpoint.store import UNREADABLE, CheckpointStore
 
 __all__ = ["COMPLETE_SUFFIX", "RemoteFolder", "check_url", "fetched", "get_filesystem",
            "is_remote", "join", "local_path", "split_url", "stage_dir", "uploaded"]
@@ -171,8 +172,11 @@ def _plain_name(name: str, where: str) -> str:
     return name
 
 
-class RemoteFolder:
-    """A remote run folder: its checkpoints, markers, ``latest`` pointer and logs.
+class RemoteFolder(CheckpointStore):
+    """A remote run folder: its checkpoints, markers, ``latest`` pointer and logs; the
+    object-storage backend of :class:`~cadence.checkpoint.store.CheckpointStore` (complete:
+    a completion marker; a set-aside: copy, then delete; a candidate that fails to download
+    is rejected like one that fails its checksums).
 
     Args:
         url: the folder's URL (``s3://bucket/runs/x``).
@@ -182,9 +186,13 @@ class RemoteFolder:
     """
 
     def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
+        self.url = self.where = url.rstrip("/")
         self.fs, self.root = get_filesystem(self.url)
         self.stage = stage_dir(self.url)
+        self._markers: dict[str, dict[str, Any]] = {}  # the last listing's
+
+    fresh_start = f"Delete them (or their {COMPLETE_SUFFIX} markers) to start afresh"
+    copy_errors = (CheckpointError, OSError)
 
     def _key(self, name: str) -> str:
         return f"{self.root}/{name}"
@@ -192,6 +200,54 @@ class RemoteFolder:
     def url_of(self, name: str) -> str:
         """The URL of ``name`` in this folder."""
         return join(self.url, name)
+
+    location = url_of
+
+    # ------------------------------------------------------------------ the store's backend
+    def read_object(self, name: str) -> Optional[bytes]:
+        try:
+            return self.fs.cat_file(self._key(name))
+        except FileNotFoundError:
+            return None
+
+    def write_object(self, name: str, data: bytes) -> None:
+        self.fs.pipe_file(self._key(name), data)
+
+    def exists(self, name: str) -> bool:
+        return bool(self.fs.exists(self._key(name)))
+
+    def is_complete(self, name: str) -> bool:
+        return self.marker(name) is not None
+
+    def complete(self) -> list[tuple[str, float]]:
+        self._markers = self.markers()
+        return [(name, float(doc.get("saved_at", 0))) for name, doc in self._markers.items()
+                if not is_aside(name)]
+
+    def owner(self, name: str) -> Any:
+        doc = self._markers.get(name) or self.marker(name)
+        return UNREADABLE if doc is None else doc.get("run_name")
+
+    def rename(self, name: str, new: str) -> None:
+        """Object stores have no rename: every object is copied first, then the marker is
+        removed (it is no candidate any more), then the originals. A crash part way leaves a
+        copy and, at worst, an unmarked original (kept, never resumed from)."""
+        key, new_key = self._key(name), self._key(new)
+        sources = [k for k in self.fs.find(key) if k != key] if self.fs.isdir(key) else [key]
+        self.fs.copy(sources, [new_key + k[len(key):] for k in sources])
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(key + COMPLETE_SUFFIX)
+        self.fs.rm(sources)
+        self._refresh()
+
+    def local_copy(self, name: str) -> Path:
+        return self.download(name)
+
+    def drop_copy(self, name: str) -> None:
+        remove_checkpoint(self.stage / "loaded" / name)  # a rejected copy
+
+    def before_resume(self, run_name: Optional[str]) -> None:
+        self.repair_markers(run_name)  # a lost marker never condemns a checkpoint that verifies
 
     def _refresh(self) -> None:
         self.fs.invalidate_cache()  # another process may have changed the folder
@@ -226,10 +282,6 @@ class RemoteFolder:
             doc["manifest_crc32c"] = f"{crc32c.crc32c(manifest.read_bytes()):08x}"
         self.fs.pipe_file(self._key(name) + COMPLETE_SUFFIX, json.dumps(doc).encode())
 
-    def write_latest(self, latest_filename: str, name: str) -> None:
-        """Point ``latest_filename`` at ``name`` (after its marker)."""
-        self.fs.pipe_file(self._key(latest_filename), (name + "\n").encode())
-
     def remove(self, name: str) -> None:
         """Delete checkpoint ``name``: its marker first (so it is never half listed), then
         its objects (missing is fine)."""
@@ -238,30 +290,6 @@ class RemoteFolder:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm(key, recursive=recursive)
         self._refresh()
-
-    def move_aside(self, name: str) -> str:
-        """Move checkpoint ``name`` to ``<name>.rejected-<UTC time>`` in the folder, never
-        deleting its data: object stores have no rename, so every object is copied first,
-        then the marker is removed (it is no candidate any more), then the originals. A crash
-        part way leaves a copy and, at worst, an unmarked original (kept, never resumed
-        from). Returns the new name.
-
-        Raises:
-            OSError: the store could not be written (the checkpoint is then left as it was,
-                or copied and still in place).
-        """
-        from cadence.checkpoint.files import REJECTED_MARK
-
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        new = f"{name}{REJECTED_MARK}{stamp}"
-        key, new_key = self._key(name), self._key(new)
-        sources = [k for k in self.fs.find(key) if k != key] if self.fs.isdir(key) else [key]
-        self.fs.copy(sources, [new_key + k[len(key):] for k in sources])
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(key + COMPLETE_SUFFIX)
-        self.fs.rm(sources)
-        self._refresh()
-        return new
 
     def inspect_unmarked(self, name: str) -> tuple[Optional[dict[str, Any]], Optional[str]]:
         """Whether the objects of ``name``, which has no marker, are a complete checkpoint:
@@ -301,8 +329,6 @@ class RemoteFolder:
         """Names of the checkpoint objects in the folder without a completion marker: a
         ``.pt`` file, or a directory holding DCP's ``.metadata``; not temporaries, not
         checkpoints set aside."""
-        from cadence.checkpoint.files import METADATA_FILE, is_aside
-
         self._refresh()
         try:
             entries = self.fs.ls(self.root, detail=True)
@@ -312,7 +338,7 @@ class RemoteFolder:
         found = []
         for base, kind in sorted(bases.items()):
             if (base.endswith(COMPLETE_SUFFIX) or base + COMPLETE_SUFFIX in bases
-                    or TMP_MARK in base or is_aside(Path(base))):
+                    or TMP_MARK in base or is_aside(base)):
                 continue
             if kind == "directory":
                 if self.fs.exists(f"{self._key(base)}/{METADATA_FILE}"):
@@ -324,8 +350,6 @@ class RemoteFolder:
     def _modified(self, name: str) -> float:
         """When ``name`` was written (a directory: its ``.metadata``), as a POSIX time; now
         when the store does not say."""
-        from cadence.checkpoint.files import METADATA_FILE
-
         key = self._key(name)
         try:
             if self.fs.isdir(key):
@@ -403,30 +427,6 @@ class RemoteFolder:
                 if doc is not None:
                     found[name] = doc
         return found
-
-    def read_latest(self, latest_filename: str) -> Optional[str]:
-        """The checkpoint the pointer names, if it exists and is complete.
-
-        Raises:
-            CheckpointError: the pointer names something outside the folder.
-        """
-        try:
-            raw = self.fs.cat_file(self._key(latest_filename))
-        except FileNotFoundError:
-            return None
-        name = raw.decode("utf-8", errors="replace").strip()
-        _plain_name(name, f"The latest pointer {self.url_of(latest_filename)}")
-        return name if self.marker(name) is not None else None
-
-    def candidates(self, latest_filename: str, run_name: Optional[str]) -> list[str]:
-        """Complete checkpoints of ``run_name``, newest first: the pointer's, then the
-        others by the time their marker was written."""
-        pointed = self.read_latest(latest_filename)
-        marked = self.markers()
-        rest = sorted((n for n, doc in marked.items()
-                       if n != pointed and (run_name is None or doc.get("run_name") == run_name)),
-                      key=lambda n: float(marked[n].get("saved_at", 0)), reverse=True)
-        return ([pointed] if pointed is not None else []) + rest
 
     def download(self, name: str, dest: Optional[Path] = None,
                  require_marker: bool = True) -> Path:

@@ -12,136 +12,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 from cadence.checkpoint.errors import CheckpointError
-from cadence.checkpoint.files import (
-    checkpoint_candidates, move_aside, remove_checkpoint, remove_stale_temporaries, write_latest,
-)
+from cadence.checkpoint.files import remove_stale_temporaries
 from cadence.checkpoint.object_store import fetched_from_store
-from cadence.checkpoint.remote import (
-    COMPLETE_SUFFIX, RemoteFolder, fetched, is_remote, join, local_path,
-)
+from cadence.checkpoint.remote import fetched, is_remote, join, local_path
 from cadence.utils import dist
 
 if TYPE_CHECKING:
     from cadence.checkpoint.run_folder import RunFolder
     from cadence.core.state import State
 
-__all__ = ["load_at_start", "newest_intact_checkpoint", "newest_intact_remote_checkpoint",
-           "resolve_load_path", "written_by"]
+__all__ = ["load_at_start", "resolve_load_path"]
 
 log = logging.getLogger(__name__)
-
-
-def written_by(path: Path, run_name: Optional[str]) -> bool:
-    """Whether the checkpoint at ``path`` was written by run ``run_name`` (its metadata)."""
-    from cadence.checkpoint.checkpoint import read_metadata
-
-    try:
-        return read_metadata(path).get("run_name") == run_name
-    except CheckpointError:
-        return False
-
-
-def newest_intact_checkpoint(folder: Path, latest_filename: str, run_name: Optional[str],
-                             require_checksums: bool = True) -> Optional[Path]:
-    """The newest checkpoint of ``run_name`` in ``folder`` that passes its checksums: the one
-    the ``latest`` pointer names, else (or when it fails) the newest complete one whose
-    metadata names the run. Each rejected checkpoint is logged as a warning naming it and
-    the file that failed. When an earlier checkpoint passes, the rejected newer ones are
-    moved aside (renamed ``<name>.rejected-<time>``, never deleted:
-    :func:`~cadence.checkpoint.files.move_aside`), so the resumed run's saves do not collide
-    with them, and the pointer is moved to the one resumed from. Rank-local (rank 0).
-
-    Raises:
-        CheckpointError: the pointer is garbage or points outside ``folder``; or the run has
-            checkpoints there and none passes (the message lists why each failed).
-    """
-    from cadence.checkpoint.checkpoint import verify
-
-    rejected: list[str] = []
-    rejected_paths: list[Path] = []
-    for candidate in checkpoint_candidates(folder, latest_filename,
-                                           belongs=lambda p: written_by(p, run_name)):
-        try:
-            verify(candidate, require=require_checksums)
-        except CheckpointError as exc:
-            log.warning("Autoresume rejects checkpoint %s: %s", candidate, exc)
-            rejected.append(f"{candidate}: {exc}")
-            rejected_paths.append(candidate)
-            continue
-        if rejected:
-            moved = [_set_aside(path) for path in rejected_paths]
-            write_latest(folder, latest_filename, candidate.name)
-            log.warning("Autoresume falls back to %s, the newest checkpoint of run %s that "
-                        "passes its checksums; the rejected checkpoints were moved aside, not "
-                        "deleted: %s.", candidate, run_name, ", ".join(moved))
-        return candidate
-    if rejected:
-        raise CheckpointError(
-            f"Autoresume found checkpoints of run {run_name} in {folder}, but none passes its "
-            f"checksums: {'; '.join(rejected)}. Move them away to start afresh, or pass a "
-            f"checkpoint you trust as load_path.")
-    return None
-
-
-def _set_aside(path: Path) -> str:
-    """Move the rejected checkpoint ``path`` aside; ``old -> new`` for the message (or why it
-    could not be moved: the run's save of that name will then refuse to replace it)."""
-    try:
-        return f"{path} -> {move_aside(path).name}"
-    except OSError as exc:
-        return f"{path} (could not be moved aside: {exc})"
-
-
-def _set_aside_remote(remote: RemoteFolder, name: str) -> str:
-    """:func:`_set_aside` for a remote folder's checkpoint ``name``."""
-    try:
-        return f"{remote.url_of(name)} -> {remote.move_aside(name)}"
-    except OSError as exc:
-        return f"{remote.url_of(name)} (could not be moved aside: {exc})"
-
-
-def newest_intact_remote_checkpoint(remote: RemoteFolder, latest_filename: str,
-                                    run_name: Optional[str],
-                                    require_checksums: bool = True) -> Optional[str]:
-    """:func:`newest_intact_checkpoint` for the remote folder ``remote``: the URL of the
-    newest checkpoint of ``run_name`` with a completion marker that downloads and passes its
-    checksums (the copy stays in the stage for the load). First, an unmarked checkpoint of
-    the run that passes its checksums gets its marker back
-    (:meth:`~cadence.checkpoint.remote.RemoteFolder.repair_markers`). When an earlier
-    checkpoint passes, the rejected newer ones are moved aside in the store
-    (:meth:`~cadence.checkpoint.remote.RemoteFolder.move_aside`, never deleted) and the
-    pointer is moved to the one resumed from, as for a local folder. Rank-local (rank 0).
-
-    Raises:
-        CheckpointError: as :func:`newest_intact_checkpoint`.
-    """
-    from cadence.checkpoint.checkpoint import verify
-
-    remote.repair_markers(run_name)  # a lost marker never condemns a checkpoint that verifies
-    rejected: list[str] = []
-    rejected_names: list[str] = []
-    for name in remote.candidates(latest_filename, run_name):
-        try:
-            verify(remote.download(name), require=require_checksums)
-        except (CheckpointError, OSError) as exc:
-            remove_checkpoint(remote.stage / "loaded" / name)  # the rejected copy
-            log.warning("Autoresume rejects checkpoint %s: %s", remote.url_of(name), exc)
-            rejected.append(f"{remote.url_of(name)}: {exc}")
-            rejected_names.append(name)
-            continue
-        if rejected:
-            moved = [_set_aside_remote(remote, bad) for bad in rejected_names]
-            remote.write_latest(latest_filename, name)
-            log.warning("Autoresume falls back to %s, the newest checkpoint of run %s that "
-                        "passes its checksums; the rejected checkpoints were moved aside, not "
-                        "deleted: %s.", remote.url_of(name), run_name, ", ".join(moved))
-        return remote.url_of(name)
-    if rejected:
-        raise CheckpointError(
-            f"Autoresume found checkpoints of run {run_name} in {remote.url}, but none passes its "
-            f"checksums: {'; '.join(rejected)}. Delete them (or their {COMPLETE_SUFFIX} "
-            f"markers) to start afresh, or pass a checkpoint you trust as load_path.")
-    return None
 
 
 def resolve_load_path(autoresume: bool, save_folder: Optional[RunFolder], latest_filename: str,
@@ -153,7 +35,7 @@ def resolve_load_path(autoresume: bool, save_folder: Optional[RunFolder], latest
     full restore).
 
     With ``autoresume``, the newest intact checkpoint of ``run_name`` in ``save_folder``
-    (:func:`newest_intact_checkpoint`, :func:`newest_intact_remote_checkpoint`) wins; without
+    (:meth:`~cadence.checkpoint.store.CheckpointStore.newest_intact`, local or remote) wins; without
     one (a fresh run) ``load_path`` is used. Before that, the run's own stale temporaries in
     the folder's local part (left by a killed save) are removed
     (:func:`~cadence.checkpoint.files.remove_stale_temporaries`). Rank 0 decides; every rank
@@ -168,7 +50,8 @@ def resolve_load_path(autoresume: bool, save_folder: Optional[RunFolder], latest
         require_checksums: a checkpoint without checksums is rejected (default).
 
     Raises:
-        CheckpointError: on every rank, as :func:`newest_intact_checkpoint` raises it.
+        CheckpointError: on every rank, as
+            :meth:`~cadence.checkpoint.store.CheckpointStore.newest_intact` raises it.
     """
     choice: list[Any] = [None, False, None]  # path, resuming, error
     if dist.get_global_rank() == 0:
@@ -179,11 +62,8 @@ def resolve_load_path(autoresume: bool, save_folder: Optional[RunFolder], latest
                     log.info("Removed %d stale temporaries of run %s (unfinished saves): %s",
                              len(removed), run_name, ", ".join(p.name for p in removed))
             if autoresume and save_folder is not None:
-                found = (newest_intact_remote_checkpoint(save_folder.remote, latest_filename,
-                                                         run_name, require_checksums)
-                         if save_folder.remote is not None
-                         else newest_intact_checkpoint(save_folder.local, latest_filename,
-                                                       run_name, require_checksums))
+                found = save_folder.store.newest_intact(latest_filename, run_name,
+                                                        require_checksums)
                 if found is not None:
                     choice = [str(found), True, None]
         except (CheckpointError, ValueError, OSError) as exc:  # also: the store unreachable

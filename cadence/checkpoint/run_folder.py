@@ -22,21 +22,20 @@ other run and the fix. Folders holding several runs whose names cannot collide
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Optional
 
+from cadence.checkpoint.files import could_write
 from cadence.checkpoint.lock import (
     AnyRunLock, SaveFolderInUse, acquire_remote_lock, acquire_run_lock,
 )
 from cadence.checkpoint.remote import RemoteFolder, is_remote, local_path
+from cadence.checkpoint.store import CheckpointStore, LocalFolder
 from cadence.utils import dist
 
 __all__ = ["RunFolder", "check_autoresume_folder", "could_write"]
 
 log = logging.getLogger(__name__)
-
-_SENTINELS = {"epoch": 918273645, "batch": 546372819, "rank": 192837465}
 
 
 class RunFolder:
@@ -52,6 +51,9 @@ class RunFolder:
             and logs); None when the folder is local.
         local: where this process writes the run's files: the folder itself, or a remote
             folder's local stage (:func:`~cadence.checkpoint.remote.stage_dir`).
+        store: the folder's checkpoints (:class:`~cadence.checkpoint.store.CheckpointStore`):
+            :attr:`remote`, or the local folder's
+            :class:`~cadence.checkpoint.store.LocalFolder`.
         run_lock: the folder's lock while rank 0 holds it (:meth:`lock`), else None.
 
     Raises:
@@ -66,6 +68,8 @@ class RunFolder:
             self.url) else None
         self.local: Path = self.remote.stage if self.remote is not None else local_path(
             self.url)
+        self.store: CheckpointStore = (self.remote if self.remote is not None
+                                       else LocalFolder(self.local))
         self.run_lock: Optional[AnyRunLock] = None
 
     @classmethod
@@ -86,7 +90,7 @@ class RunFolder:
     def location(self, name: str) -> str:
         """Where the run's file or checkpoint ``name`` lives: its URL in a remote folder,
         else its local path."""
-        return self.remote.url_of(name) if self.remote is not None else str(self.local / name)
+        return self.store.location(name)
 
     def __repr__(self) -> str:
         return f"RunFolder({self.url!r})"
@@ -156,65 +160,21 @@ class RunFolder:
         Raises:
             CheckpointError: the ``latest`` pointer names something outside the folder.
         """
-        if self.remote is not None:
-            return next(iter(self.remote.candidates(latest_filename, run_name)), None)
-        from cadence.checkpoint.files import find_latest_checkpoint
-        from cadence.checkpoint.resume import written_by
-
-        found = find_latest_checkpoint(self.local, latest_filename,
-                                       belongs=lambda path: written_by(path, run_name))
-        return None if found is None else str(found)
+        name = self.store.newest(latest_filename, run_name)
+        return None if name is None else self.store.location(name)
 
     def foreign_checkpoints(self, run_name: str, filename: str) -> dict[str, str]:
         """Another run's name -> the name of one of its checkpoints in the folder that run
         ``run_name`` could write too (``filename``: its ``save_filename`` template); empty
         when the folder holds a checkpoint of ``run_name`` (autoresume takes it). Rank-local.
         """
-        owners: Iterable[tuple[str, object]]
-        if self.remote is not None:
-            owners = ((name, marker.get("run_name"))
-                      for name, marker in sorted(self.remote.markers().items()))
-        else:
-            owners = _local_owners(self.local)
         others: dict[str, str] = {}
-        for name, owner in owners:
+        for name, owner in self.store.owners():
             if owner == run_name:
                 return {}
             if could_write(filename, run_name, name):
                 others.setdefault(str(owner), name)
         return others
-
-
-def _local_owners(folder: Path) -> Iterator[tuple[str, object]]:
-    """(name, run name in its metadata) of each complete checkpoint in ``folder``, by name
-    (lazily); files that are not readable checkpoints are skipped (autoresume reports
-    those)."""
-    from cadence.checkpoint.checkpoint import CheckpointError, read_metadata
-    from cadence.checkpoint.files import is_aside, is_complete
-
-    if not folder.is_dir():
-        return
-    for path in sorted(folder.iterdir()):
-        if not (path.is_dir() or path.suffix == ".pt") or is_aside(path) or not is_complete(path):
-            continue
-        try:
-            owner = read_metadata(path).get("run_name")
-        except CheckpointError:
-            continue
-        yield path.name, owner
-
-
-def could_write(filename: str, run_name: str, name: str) -> bool:
-    """Whether ``filename`` (a ``save_filename`` template) yields ``name`` (a checkpoint's file
-    or directory name, ``.pt`` optional) for run ``run_name`` at some epoch, batch and rank."""
-    try:
-        sample = filename.format(run_name=run_name, **_SENTINELS)
-    except (KeyError, IndexError, ValueError):
-        return False  # a bad template is reported by the CheckpointSaver
-    pattern = re.escape(sample)
-    for value in _SENTINELS.values():
-        pattern = pattern.replace(str(value), r"\d+")
-    return re.fullmatch(pattern + r"(\.pt)?", name) is not None
 
 
 def check_autoresume_folder(folder: Optional[RunFolder], run_name: str, filename: str) -> None:

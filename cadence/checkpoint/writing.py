@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from cadence.utils import dist
 from cadence.checkpoint.errors import CheckpointWriteError
 from cadence.checkpoint.files import (
-    EXTRA_FILE, MANIFEST_FILE, is_complete, remove_checkpoint,
+    EXTRA_FILE, MANIFEST_FILE, complete_checkpoints, is_complete, remove_checkpoint,
 )
 from cadence.checkpoint.layout import to_file
 from cadence.checkpoint.manifest import (
@@ -126,12 +126,8 @@ def _previous_checkpoint(path: Path) -> Optional[Path]:
     it was being overwritten, else the newest complete one in its folder."""
     if is_complete(path):
         return path
-    folder = path.parent
-    if not folder.is_dir():
-        return None
-    done = [p for p in folder.iterdir() if p != path and not p.is_symlink()
-            and (p.is_dir() or p.suffix == ".pt") and is_complete(p)]
-    return max(done, key=lambda p: p.stat().st_mtime_ns, default=None)
+    return max(complete_checkpoints(path.parent), key=lambda p: p.stat().st_mtime_ns,
+               default=None)
 
 
 def save_failure_message(exc: BaseException, tmp: Path, path: Path) -> Optional[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from cadence.checkpoint.checkpoint_config import CheckpointConfig
-from cadence.checkpoint.files import name_template
+from cadence.checkpoint.files import name_template, pointer_name
 from cadence.checkpoint.run_folder import RunFolder, check_autoresume_folder
 from cadence.core import Callback, State
 
@@ -66,7 +66,7 @@ def add_run_saver(state: State, run_folder: Optional[RunFolder], metadata: dict[
                             **kwargs)
     if not (autoresume or kwargs["overwrite"]):
         existing = run_folder.newest_checkpoint(
-            saver.latest_filename.format(run_name=state.run_name), state.run_name)
+            pointer_name(saver.latest_filename, state.run_name), state.run_name)
         if existing is not None:
             raise ValueError(
                 f"save_folder {run_folder.url} already holds checkpoint {existing}; set "

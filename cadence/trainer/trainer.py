@@ -23,7 +23,7 @@ from cadence.trainer.metrics_setup import build_metrics
 from cadence.trainer.wall_clock import WallClock
 from cadence.trainer.loss_weighting import LossWeighting, mean_over_ranks
 from cadence.checkpoint.data_position import iter_epoch
-from cadence.checkpoint.files import pointer_template
+from cadence.checkpoint.files import pointer_name
 from cadence.checkpoint.lock import release_on_error
 from cadence.checkpoint.object_store import check_object_store
 from cadence.checkpoint.remote import check_url
@@ -284,8 +284,8 @@ class Trainer:
         self._build_metrics()
         self.engine.run_event(Event.BEFORE_LOAD)
         loaded = load_at_start(  # autoresume or load_path; a remote one downloaded, then removed
-            self.state, self._run_folder, pointer_template(
-                checkpoint.save_latest_filename).format(run_name=run_name),
+            self.state, self._run_folder,
+            pointer_name(checkpoint.save_latest_filename, run_name),
             checkpoint.load_path, checkpoint.autoresume, weights_only=checkpoint.load_weights_only,
             strict=checkpoint.load_strict_model_weights, ignore_keys=load_ignore_keys,
             require_checksums=checkpoint.require_checksums,

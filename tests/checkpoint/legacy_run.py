@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -44,10 +44,11 @@ class Counting(Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def run(folder: Path, load_path: Optional[str] = None,
-        stop_at: Optional[int] = None) -> tuple[dict[int, float], Trainer]:
+def run(folder: Path, load_path: Optional[str] = None, stop_at: Optional[int] = None,
+        **trainer_kwargs: Any) -> tuple[dict[int, float], Trainer]:
     """Train a 2-layer GPT-2 for ``TOTAL`` (dropout on, shuffled data, warmup + cosine LR,
-    AdamW), or stop (and save) after batch ``stop_at``.
+    AdamW), or stop (and save) after batch ``stop_at``; ``trainer_kwargs``: more Trainer
+    arguments (``autoresume``...).
 
     Returns:
         The logged training loss by batch, and the Trainer (after ``fit``).
@@ -55,13 +56,13 @@ def run(folder: Path, load_path: Optional[str] = None,
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one intra-op thread: the same sums on any machine, any suite order
     try:
-        return _run(folder, load_path, stop_at)
+        return _run(folder, load_path, stop_at, **trainer_kwargs)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(folder: Path, load_path: Optional[str],
-         stop_at: Optional[int]) -> tuple[dict[int, float], Trainer]:
+def _run(folder: Path, load_path: Optional[str], stop_at: Optional[int],
+         **trainer_kwargs: Any) -> tuple[dict[int, float], Trainer]:
     torch.manual_seed(0)
     model = gpt2(n_layer=2, n_head=2, n_embd=16, vocab_size=24, max_seq_len=10, dropout=0.1)
     data = Counting()
@@ -73,7 +74,7 @@ def _run(folder: Path, load_path: Optional[str],
         schedulers=CosineAnnealingWithWarmupScheduler(t_warmup="2ba", alpha_f=0.1),
         loggers=[memory], log_interval="1ba", progress_bar=False, run_name="legacy",
         callbacks=[] if stop_at is None else [StopAt(stop_at)],
-        save_folder=str(folder), save_interval="100ba", load_path=load_path,
+        save_folder=str(folder), save_interval="100ba", load_path=load_path, **trainer_kwargs,
     )
     trainer.fit()
     return dict(zip(*memory.steps_and_values("loss/train/total"))), trainer

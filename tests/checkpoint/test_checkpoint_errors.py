@@ -19,7 +19,7 @@ from cadence.cli import main as cli_main
 from cadence.checkpoint import (
     CheckpointError, find_latest_checkpoint, is_complete, load_checkpoint,
 )
-from cadence.checkpoint.files import write_latest
+from cadence.checkpoint.store import write_latest
 from tests.common.models import SimpleModel, make_dataloader
 
 RUN = "err"

@@ -4,8 +4,10 @@ still loads and resumes bit for bit: ``fixtures/legacy-ep1-ba6.pt`` was written 
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -35,3 +37,38 @@ def test_legacy_checkpoint_with_a_flipped_byte_is_refused(tmp_path: Path) -> Non
     bad.write_bytes(bytes(data))
     with pytest.raises(CheckpointError):
         run(tmp_path / "run", load_path=str(bad))
+
+
+@pytest.mark.parametrize("pointer, trainer_kwargs", [
+    ("latest-legacy", {}),  # the pointer every cadence run has written beside its checkpoints
+    ("latest", {"save_latest_filename": "latest"}),  # cadence's older API: it names the pointer
+])
+def test_old_form_pointer_still_resumes(tmp_path: Path, pointer: str,
+                                        trainer_kwargs: dict[str, Any]) -> None:
+    """A save folder as an older cadence left it: the legacy checkpoint and the text pointer
+    naming it. A newer checkpoint of the same run is there too (most recently written):
+    autoresume follows the pointer, not the age, and continues exactly as loading the
+    legacy checkpoint by path does."""
+    decoy_losses, decoy = run(tmp_path / "decoy")  # its last checkpoint: batch 8 of 8
+    decoy.close()
+    copy = tmp_path / "legacy.pt"
+    shutil.copyfile(FIXTURE, copy)
+    loaded_losses, loaded = run(tmp_path / "loaded", load_path=str(copy))
+    loaded.close()
+    folder = tmp_path / "resumed"
+    folder.mkdir()
+    (newer,) = (tmp_path / "decoy").glob("ep*-ba8-rank0.pt")
+    legacy = folder / "ep1-ba6-rank0.pt"
+    shutil.copyfile(FIXTURE, legacy)
+    os.utime(legacy, (1e9, 1e9))  # older than the decoy
+    shutil.copyfile(newer, folder / newer.name)
+    (folder / pointer).write_text(f"{legacy.name}\n")
+
+    resumed_losses, resumed = run(folder, autoresume=True, **trainer_kwargs)
+    resumed.close()
+
+    assert sorted(resumed_losses) == [SAVED_AT + 1, SAVED_AT + 2]
+    assert resumed_losses == loaded_losses
+    a, b = loaded.state.model.state_dict(), resumed.state.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert (folder / pointer).read_text().strip() == newer.name  # the resumed run's save

@@ -15,7 +15,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from cadence import Trainer
-from cadence.checkpoint.files import NONFINITE_SUFFIX, find_latest_checkpoint
+from cadence.checkpoint.files import NONFINITE_SUFFIX
+from cadence.checkpoint.store import find_latest_checkpoint
 from cadence.checkpoint.finite import NonFiniteStateError, nonfinite_state
 from cadence.config.load import load_config
 from tests.common.models import SimpleModel, make_dataloader

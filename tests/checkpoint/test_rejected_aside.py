@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from cadence import Trainer
-from cadence.checkpoint.files import REJECTED_MARK, find_latest_checkpoint, is_complete
+from cadence.checkpoint.files import REJECTED_MARK, is_complete
+from cadence.checkpoint.store import find_latest_checkpoint
 from tests.common.models import SimpleModel, make_dataloader
 
 RUN = "aside"

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from cadence import Trainer
 from cadence.checkpoint import CheckpointError
-from cadence.checkpoint.files import read_latest
+from cadence.checkpoint.store import read_latest
 from cadence.config.load import ConfigError, load_config
 from tests.common.models import SimpleModel, make_dataloader
 
