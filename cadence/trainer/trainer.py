@@ -321,10 +321,6 @@ class Trainer:
         return self.state.scaler
 
     @property
-    def _auto_microbatch(self) -> bool:
-        return self.state.auto_microbatching
-
-    @property
     def _dp_size(self) -> int:
         return self.state.parallel_dims.dp_size
 
@@ -578,11 +574,11 @@ class Trainer:
         gradients = functools.partial(self._batch_gradients, batch, batch_size)
         if uses_closure(state.optimizers):  # SAM: the optimizer calls forward-backward itself
             for optimizer in state.optimizers:
-                step_with_closure(optimizer, gradients, self.grad_scaler)
+                step_with_closure(optimizer, gradients, state.scaler)
         else:
             gradients()
             self._optimizer_step()
-        world = self._dp_size  # ranks with their own samples (a TP group shares one batch)
+        world = state.parallel_dims.dp_size  # ranks with their own samples (a TP group shares one batch)
         state.previous_timestamp = state.timestamp
         state.timestamp = state.timestamp.to_next_batch(
             self._batch_samples * world, num_tokens * world,
@@ -603,16 +599,17 @@ class Trainer:
             state.total_loss = total_loss
         else:
             loss_dict["loss/train/total"] = total_loss
-        if self.grad_scaler is not None:  # AFTER_TRAIN_BATCH sees true gradients (clipping)
+        scaler = state.scaler
+        if scaler is not None:  # AFTER_TRAIN_BATCH sees true gradients (clipping)
             for optimizer in state.optimizers:
-                self.grad_scaler.unscale_(optimizer)
+                scaler.unscale_(optimizer)
         self.engine.run_event(Event.AFTER_TRAIN_BATCH)
         return total_loss
 
     def _forward_backward(self, batch: Any, batch_size: int) -> torch.Tensor:
         """Gradients of ``batch`` over its microbatches; with ``'auto'`` microbatching, retried
         at half the microbatch size when any rank runs out of memory (:mod:`.auto_microbatch`)."""
-        if self._auto_microbatch:
+        if self.state.auto_microbatching:
             return forward_backward_auto(self.state, batch_size,
                                          lambda size: self._accumulate(batch, size))
         return self._accumulate(batch, self.state.device_train_microbatch_size)
@@ -657,7 +654,8 @@ class Trainer:
         state.outputs = None  # as in a plain loop, the outputs (logits) are not held in backward
         engine.run_event(Event.BEFORE_BACKWARD)
         loss = state.loss
-        (self.grad_scaler.scale(loss) if self.grad_scaler else loss).backward()
+        scaler = state.scaler
+        (scaler.scale(loss) if scaler is not None else loss).backward()
         engine.run_event(Event.AFTER_BACKWARD)
         return state.loss.detach()
 
@@ -667,13 +665,14 @@ class Trainer:
                             getattr(self._module, "num_tokens", None))
 
     def _optimizer_step(self) -> None:
+        scaler = self.state.scaler
         for optimizer in self.state.optimizers:
-            if self.grad_scaler is not None:
-                self.grad_scaler.step(optimizer)
+            if scaler is not None:
+                scaler.step(optimizer)
             else:
                 optimizer.step()
-        if self.grad_scaler is not None:
-            self.grad_scaler.update()
+        if scaler is not None:
+            scaler.update()
 
     def _log_train_metrics(self) -> None:
         state = self.state
