@@ -29,6 +29,9 @@ Usage::
     # the Trainer's own time per step, with a model that does no compute:
     python benchmarks/overhead.py --size null --markdown --rounds 40 --steps 300 --warmup 50
     python benchmarks/overhead.py --profile trainer    # cProfile one arm, top functions
+    # this tree against another checkout (e.g. ``git worktree add /tmp/base <commit>``), in
+    # alternating child processes, with Python calls per step:
+    python benchmarks/overhead.py --size mlp --compare /tmp/base --repeats 6 --markdown
 
 Many short rounds interleave the arms finely, which cancels a machine's changing load better
 than a few long ones. Time on a 2-core CPU: about 4 minutes with the defaults (most of it the
@@ -210,6 +213,64 @@ def report(args: argparse.Namespace, results: dict[str, ArmResult],
     ])
 
 
+def compare(args: argparse.Namespace, argv: list[str]) -> str:
+    """This tree against ``args.compare`` (another checkout's root): ``args.repeats`` child
+    processes of the benchmark per tree, alternating (base, this, base, ...), each its own
+    interleaved rounds; per tree and arm the median over children of the per-round ratio
+    medians, and the Python calls per step (cProfile). Returns the table."""
+    import json
+    import subprocess
+
+    from _common import child_env
+
+    trees = {"base": os.path.abspath(args.compare), "this": str(REPO)}
+    child_argv = [a for a in argv if not a.startswith("--compare") and a != args.compare]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    load_before = loadavg()
+    for repeat in range(args.repeats):
+        order = list(trees) if repeat % 2 == 0 else list(trees)[::-1]
+        for name in order:
+            env = child_env()
+            env["PYTHONPATH"] = trees[name] + os.pathsep + env.get("PYTHONPATH", "")
+            out = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), *child_argv, "--json", "--quiet",
+                 "--cadence-root", trees[name]],
+                check=True, capture_output=True, text=True, env=env, timeout=3600)
+            runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    headers = ["tree", "arm", "ms/step (median)", "ratio to raw", "ratio min-max",
+               "CPU ratio", "Python calls/step"]
+    rows = []
+    for name in trees:
+        for arm in ARMS:
+            ratios = [statistics.median(w / b for w, b in zip(r["wall"][arm], r["wall"]["raw"]))
+                      for r in runs[name]]
+            cpu = [statistics.median(c / b for c, b in zip(r["cpu"][arm], r["cpu"]["raw"]))
+                   for r in runs[name]]
+            wall = [statistics.median(r["wall"][arm]) for r in runs[name]]
+            rows.append([name, arm, f"{statistics.median(wall) * 1e3:.3f}",
+                         f"{statistics.median(ratios):.3f}",
+                         f"{min(ratios):.3f}-{max(ratios):.3f}",
+                         f"{statistics.median(cpu):.3f}", f"{runs[name][0]['calls'][arm]:.0f}"])
+    return "\n".join([
+        "cadence Trainer overhead per step: this tree against a base (benchmarks/overhead.py)",
+        "",
+        f"- command: python benchmarks/overhead.py {' '.join(argv)}",
+        f"- base: {trees['base']}; this: {trees['this']}",
+        f"- model: {model_description(args.size, args.seed)}",
+        f"- {args.repeats} child processes per tree, alternating; each {args.warmup} warmup "
+        f"steps per arm, then {args.rounds} rounds x {args.steps} steps, arms interleaved",
+        f"- load average (1/5/15 min) before / after: {load_before} | {loadavg()}",
+        f"- largest |parameter difference| between arms: "
+        f"{max(r['param_diff'] for rs in runs.values() for r in rs):.3g}",
+        "",
+        format_table(headers, rows, args.markdown),
+        "",
+        "ratio = median over children of (the child's median over rounds of arm / raw in "
+        "the same round); ratio min-max: over children; Python calls/step: cProfile's count "
+        f"over {args.calls_steps} steps, fit()'s start and end included (deterministic).",
+    ])
+
+
 def _context(args: argparse.Namespace, argv: list[str], load_before: str, load_after: str,
              cpu_share: Optional[float], param_diff: float) -> dict[str, str]:
     import torch
@@ -256,6 +317,16 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--quiet", action="store_true", help="no per-round progress lines")
     parser.add_argument("--profile", choices=ARMS, default=None,
                         help="cProfile --steps steps of one arm instead of benchmarking")
+    parser.add_argument("--compare", default=None, metavar="DIR",
+                        help="also run the benchmark on the cadence of another checkout DIR: "
+                             "--repeats child processes each, alternating, and print both "
+                             "(ratios to raw, Python calls per step)")
+    parser.add_argument("--repeats", type=int, default=6,
+                        help="child processes per tree with --compare (6)")
+    parser.add_argument("--calls-steps", type=int, default=100,
+                        help="steps cProfile counts the calls of, with --compare (100)")
+    parser.add_argument("--cadence-root", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     for flag in (argv or []):
         moved = MOVED_FLAGS.get(flag.split("=")[0])
         if moved is not None:
@@ -271,10 +342,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
+    root = str(REPO) if args.cadence_root is None else args.cadence_root
+    if root not in sys.path:
+        sys.path.insert(0, root)
     if args.profile is not None:
         profile_arm(args)
+        return 0
+    if args.compare is not None:
+        print(compare(args, argv))
         return 0
 
     def log(line: str) -> None:
@@ -283,6 +358,14 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     load_before = loadavg()
     results, param_diff = steady_state(args, log)
+    if args.json:
+        import json
+
+        print(json.dumps({"wall": {n: r.wall for n, r in results.items()},
+                          "cpu": {n: r.cpu for n, r in results.items()},
+                          "calls": calls_per_step(args, args.calls_steps),
+                          "param_diff": param_diff}))
+        return 0
     cpu_share = (sum(sum(r.cpu) for r in results.values())
                  / sum(sum(r.wall) for r in results.values()))
     print(report(args, results, _context(args, argv, load_before, loadavg(), cpu_share,

@@ -180,7 +180,9 @@ class ConsoleLogger(LoggerDestination):
     (:func:`eval_progress_batches`), and ``EVAL_END`` prints the evaluator's metrics. The
     hyperparameters are printed once (YAML, between lines of ``*``) at the first
     ``FIT_START``, ``EVAL_START`` or ``PREDICT_START``. A record with nothing gathered is not
-    printed (cadence logs the loss every ``log_interval``, not every batch). Values print
+    printed (the Trainer logs the loss every ``log_interval`` and at this logger's
+    ``log_interval``, by the rule of :func:`~cadence.utils.misc.interval_crossed`, not every
+    batch). Values print
     with :func:`format_value`. No carriage returns are written.
 
     Args:

@@ -37,10 +37,10 @@ def load_overhead():
     return load_script("overhead")
 
 
-def run_script(stem: str, *args: str) -> subprocess.CompletedProcess:
+def run_script(stem: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``python benchmarks/<stem>.py ARGS`` as a user runs it, from the repository root."""
     return subprocess.run([sys.executable, str(BENCHMARKS / f"{stem}.py"), *args],
-                          capture_output=True, text=True, cwd=REPO, env=ENV, timeout=300)
+                          capture_output=True, text=True, cwd=REPO, env=ENV, timeout=timeout)
 
 
 def markdown_rows(out: str) -> dict[str, list[str]]:
@@ -198,3 +198,24 @@ def test_gpu_throughput_plumbing_on_cpu():
             if line.startswith(("eager ", "fsdp+compile "))]
     assert [r[0] for r in rows] == ["eager", "fsdp+compile"]
     assert rows[0][-1] == rows[1][-1]  # the loss column
+
+
+def test_compare_two_trees_prints_ratios_and_calls_per_step():
+    """``--compare DIR`` runs the benchmark in alternating children on DIR's cadence and this
+    tree's (here the same tree twice, so the call counts agree), on the tiny
+    MLP."""
+    result = run_script("overhead", "--size", "mlp", "--rounds", "1", "--steps", "2",
+                        "--warmup", "1", "--calls-steps", "10", "--log-interval", "5",
+                        "--compare", str(REPO), "--repeats", "1", "--markdown",
+                        timeout=900)  # two child processes, each importing torch and cadence
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "tiny MLP" in out and "Python calls/step" in out
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.splitlines()
+            if line.startswith("| base ") or line.startswith("| this ")]
+    calls = {(row[0], row[1]): float(row[-1]) for row in rows}
+    assert set(calls) == {(tree, arm) for tree in ("base", "this")
+                          for arm in ("raw", "trainer", "bare")}
+    for arm in ("raw", "trainer", "bare"):
+        assert calls[("base", arm)] == pytest.approx(calls[("this", arm)], rel=0.02)
+    assert calls[("this", "bare")] > calls[("this", "raw")]
