@@ -233,9 +233,11 @@ class LoggingConfig(Section):
     """What the run reports, and how often.
 
     Attributes:
-        log_interval: how often the training loss is logged (``"10ba"``; an int means
-            batches; ``"1ep"`` at epoch ends, ``"0.25dur"`` as fractions of ``max_duration``),
-            and on the first batch. The loss stays on the device between logs.
+        log_interval: how often the training loss is logged, in its unit (``"10ba"``, the
+            default; ``"1ep"`` at epoch ends; ``"0.25dur"`` as fractions of ``max_duration``;
+            ``"1000sp"`` / ``"1e6tok"`` when the count crosses a multiple; an int means
+            batches), on the first batch, at the end of training, and at a console logger's
+            ``console_log_interval``. The loss stays on the device between logs.
         progress_bar: add a progress destination (a tqdm bar on a terminal, plain lines in
             logs) unless the loggers already have one. Default True.
         log_to_console: add a plain console logger (Composer's). Default False.
