@@ -20,7 +20,7 @@ from typing import Any, Iterable, Optional
 from torch import nn
 
 from cadence.core import Algorithm, Event, State
-from cadence.parallel import unwrap_model
+from cadence.utils.misc import unwrap_model
 from cadence.parallel.activation_checkpointing import (
     apply_activation_checkpointing, is_checkpointed, remove_activation_checkpointing,
     select_blocks,

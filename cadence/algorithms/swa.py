@@ -22,7 +22,7 @@ from torch.optim.swa_utils import SWALR, AveragedModel, update_bn
 from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State, Time, TimeUnit
 from cadence.core.data_spec import batch_to_device
-from cadence.parallel import unwrap_model
+from cadence.utils.misc import unwrap_model
 
 __all__ = ["SWA"]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Union
 
 from cadence.callbacks.eval_clock import EvalClockCallback
 from cadence.utils.dist import get_world_size
-from cadence.parallel import unwrap_model
+from cadence.utils.misc import unwrap_model
 from cadence.registry import callbacks
 from cadence.utils.flops import device_peak_flops
 

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequenc
 import torch
 
 from cadence.utils.device import get_device
+from cadence.utils.misc import unwrap_model
 from cadence.models.base import ComposerModel
 from cadence.utils import dist
 from cadence.trainer.auto_microbatch import forward_backward_auto, parse_microbatch_size
@@ -42,7 +43,7 @@ from cadence.core.data_spec import (DataSpec, batch_to_device, count_tokens, ens
                                      no_transform, tensor_shapes)
 from cadence.optim.optimizers import compile_scheduler, trainable_parameters
 from cadence.registry.errors import did_you_mean
-from cadence.parallel import ParallelismConfig, ParallelPlan, parallelize, remap_optimizer_params, unwrap_model
+from cadence.parallel import ParallelismConfig, ParallelPlan, parallelize, remap_optimizer_params
 from cadence.parallel.compile import CompileConfig
 from cadence.parallel.parallel_dims import ParallelDims
 from cadence.parallel.elastic import check_resume_layout
