@@ -5,8 +5,11 @@ each naming the full key path, the bad value and the fix. The helpers here word 
 every check shares: a value with its type (:func:`show`), a "did you mean"
 (:func:`did_you_mean`) and a choice among allowed values (:func:`choice_message`).
 
-This module imports only the standard library: the run-file check's first stage
-(:mod:`cadence.config.schema`) raises these errors before torch is imported.
+The same errors come from the run file and from a config section built in Python (the
+typed sections of :mod:`cadence.parallel.config` and :mod:`cadence.parallel.compile_config`
+raise them from ``__post_init__``), so both read alike. This module imports only the standard
+library: the run-file check's first stage (:mod:`cadence.config.schema`) raises these errors
+before torch is imported.
 """
 
 from __future__ import annotations
