@@ -8,6 +8,7 @@ wrote one full file for an FSDP run whose ``Trainer.save_checkpoint`` wrote a sh
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,7 @@ def test_degrees_that_do_not_fit_are_refused_before_init() -> None:
 def test_fsdp_state_and_composer_save_checkpoint_agree(tmp_path: Path) -> None:
     """On 2 FSDP ranks the state carries the fsdp config and the mesh, and Composer's
     ``save_checkpoint(trainer.state)`` writes the format ``Trainer.save_checkpoint`` writes."""
+    os.chdir(tmp_path)  # a save without save_folder writes its pointer in the working dir
     trainer = _trainer(parallelism_config={"fsdp": {}})
     trainer.fit()
     state = trainer.state
