@@ -45,10 +45,11 @@ class Counting(Dataset):
 
 
 def run(folder: Path, load_path: Optional[str] = None, stop_at: Optional[int] = None,
-        **trainer_kwargs: Any) -> tuple[dict[int, float], Trainer]:
+        fit: bool = True, **trainer_kwargs: Any) -> tuple[dict[int, float], Trainer]:
     """Train a 2-layer GPT-2 for ``TOTAL`` (dropout on, shuffled data, warmup + cosine LR,
-    AdamW), or stop (and save) after batch ``stop_at``; ``trainer_kwargs``: more Trainer
-    arguments (``autoresume``...).
+    AdamW), or stop (and save) after batch ``stop_at``, or (``fit=False``) only build the
+    Trainer (loading ``load_path``); ``trainer_kwargs``: more Trainer arguments
+    (``autoresume``...).
 
     Returns:
         The logged training loss by batch, and the Trainer (after ``fit``).
@@ -56,12 +57,12 @@ def run(folder: Path, load_path: Optional[str] = None, stop_at: Optional[int] = 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one intra-op thread: the same sums on any machine, any suite order
     try:
-        return _run(folder, load_path, stop_at, **trainer_kwargs)
+        return _run(folder, load_path, stop_at, fit, **trainer_kwargs)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(folder: Path, load_path: Optional[str], stop_at: Optional[int],
+def _run(folder: Path, load_path: Optional[str], stop_at: Optional[int], fit: bool,
          **trainer_kwargs: Any) -> tuple[dict[int, float], Trainer]:
     torch.manual_seed(0)
     model = gpt2(n_layer=2, n_head=2, n_embd=16, vocab_size=24, max_seq_len=10, dropout=0.1)
@@ -76,6 +77,8 @@ def _run(folder: Path, load_path: Optional[str], stop_at: Optional[int],
         callbacks=[] if stop_at is None else [StopAt(stop_at)],
         save_folder=str(folder), save_interval="100ba", load_path=load_path, **trainer_kwargs,
     )
+    if not fit:
+        return {}, trainer
     trainer.fit()
     return dict(zip(*memory.steps_and_values("loss/train/total"))), trainer
 
