@@ -41,7 +41,7 @@ def test_legacy_checkpoint_resumes_bit_exact(tmp_path: Path) -> None:
     for step, loss in resumed_losses.items():
         assert loss == pytest.approx(uninterrupted[step], rel=1e-4), step
     c = straight.state.model.state_dict()  # the optimizer's moments carried over, too
-    assert all(torch.allclose(b[k], c[k], rtol=1e-4, atol=1e-6) for k in c)
+    assert all(torch.allclose(b[k], c[k], rtol=1e-4, atol=1e-5) for k in c)
 
 
 def test_legacy_checkpoint_with_a_flipped_byte_is_refused(tmp_path: Path) -> None:
