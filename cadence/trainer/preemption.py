@@ -343,7 +343,7 @@ def _remove_temporaries(state: State) -> None:
     """Rank 0 removes the run's checkpoint temporaries in its local save folder."""
     from pathlib import Path
 
-    from cadence.checkpoint.files import remove_stale_temporaries
+    from cadence.checkpoint.files import pointer_name, remove_stale_temporaries
     from cadence.utils import dist
 
     if state.save_folder is None or dist.get_global_rank() != 0:
@@ -351,8 +351,7 @@ def _remove_temporaries(state: State) -> None:
     from cadence.trainer.checkpointing import run_saver
 
     saver = run_saver(state.callbacks)
-    latest = (saver.latest_filename if saver else "latest-{run_name}").format(
-        run_name=state.run_name)
+    latest = pointer_name(saver.latest_filename if saver else None, state.run_name)
     for path in remove_stale_temporaries(Path(state.save_folder), state.run_name, latest):
         log.warning("Removed %s (an unfinished checkpoint).", path)
 
