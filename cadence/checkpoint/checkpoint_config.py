@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from cadence.registry.errors import ConfigProblem, choice_message
-from cadence.core.time import Time, TimeUnit
-from cadence.registry.section import Section, interval_problem
+from cadence.core.time import TimeUnit
+from cadence.registry.section import Section, time_problem
 
 __all__ = ["CheckpointConfig", "STATE_DICT_TYPES"]
 
@@ -110,18 +110,10 @@ class CheckpointConfig(Section):
 
     def problems(self) -> list[ConfigProblem]:
         found = []
-        interval = self.save_interval
-        if interval is not None and not callable(interval):
-            try:
-                time = Time.from_input(interval, TimeUnit.EPOCH)
-            except (TypeError, ValueError) as exc:
-                found.append(ConfigProblem("save_interval", str(exc) if isinstance(
-                    interval, str) else (f"{interval!r} is neither a Time (e.g. '1ep', "
-                                         f"'500ba') nor a callable (state, event) -> bool: {exc}")))
-            else:
-                message = interval_problem("save_interval", time)
-                if message is not None:
-                    found.append(ConfigProblem("save_interval", message))
+        problem = time_problem("save_interval", self.save_interval, TimeUnit.EPOCH,
+                               allow_callable=True)
+        if problem is not None:
+            found.append(problem)
         if self.save_state_dict_type not in (None, *STATE_DICT_TYPES):
             found.append(ConfigProblem("save_state_dict_type", choice_message(
                 self.save_state_dict_type, [*STATE_DICT_TYPES, "null"])))

@@ -16,20 +16,17 @@ before ``import torch``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from cadence.registry.errors import ConfigError, ConfigProblem
-from cadence.core.time import Time
+from cadence.core.time import Time, TimeUnit
 
-__all__ = ["Section", "interval_problem", "section_problems"]
+__all__ = ["Section", "interval_problem", "section_problems", "time_problem"]
 
 
 class Section:
     """Mixin of a settings dataclass: ``normalize()`` then ``problems()`` run when it is
     made, and any problem raises :class:`ConfigError` (a ``ValueError``) naming its key."""
-
-    #: Where an error says the settings came from (``Trainer``, a run file).
-    source: ClassVar[str] = "settings"
 
     def __post_init__(self) -> None:
         self.normalize()
@@ -71,3 +68,23 @@ def interval_problem(key: str, time: Time) -> Optional[str]:
         return (f"{str(time)!r} is {'negative' if time.value < 0 else 'zero'}; {key} must be "
                 f"a positive Time such as '1ep' or '500ba' ({off}).")
     return None
+
+
+def time_problem(key: str, value: Any, default_unit: TimeUnit,
+                 allow_callable: bool = False) -> Optional[ConfigProblem]:
+    """The problem with Time-valued setting ``key`` (``None`` passes, and a callable where
+    ``allow_callable``): a string that does not parse (the parser's message), another value
+    that is not a Time, or an interval (a key ending in ``interval``) that is negative or
+    zero (:func:`interval_problem`). An int takes ``default_unit``."""
+    if value is None or (allow_callable and callable(value)):
+        return None
+    try:
+        time = Time.from_input(value, default_unit)
+    except (TypeError, ValueError) as exc:
+        if isinstance(value, str):  # the parser's message names the string and the units
+            return ConfigProblem(key, str(exc))
+        what = "a Time (e.g. '1ep', '500ba')" + (
+            " or a callable (state, event) -> bool" if allow_callable else "")
+        return ConfigProblem(key, f"{value!r} is not {what}: {exc}")
+    message = interval_problem(key, time) if key.endswith("interval") else None
+    return None if message is None else ConfigProblem(key, message)

@@ -36,7 +36,7 @@ from cadence.checkpoint.checkpoint_config import CheckpointConfig
 from cadence.parallel.compile_config import CompileConfig, parse_compile_config
 from cadence.registry.errors import ConfigError, ConfigProblem, choice_message, did_you_mean
 from cadence.parallel.config import ParallelismConfig, parse_parallelism_config
-from cadence.registry.section import Section, interval_problem
+from cadence.registry.section import Section, time_problem
 from cadence.core.precision import Precision
 from cadence.core.time import Time, TimeUnit
 from cadence.trainer.preemption import PreemptionConfig
@@ -46,23 +46,6 @@ __all__ = ["TrainerConfig", "RunConfig", "EvalConfig", "LoggingConfig", "DDP_SYN
 
 #: Composer's ``ddp_sync_strategy`` values cadence runs (``forced_sync`` is refused).
 DDP_SYNC_STRATEGIES = ("single_auto_sync", "multi_auto_sync")
-
-
-def _time_problem(key: str, value: Any, default_unit: TimeUnit,
-                  allow_callable: bool = False) -> Optional[ConfigProblem]:
-    """A Time-valued setting that does not parse, or is a negative (zero) interval."""
-    if value is None or (allow_callable and callable(value)):
-        return None
-    try:
-        time = Time.from_input(value, default_unit)
-    except (TypeError, ValueError) as exc:
-        if isinstance(value, str):  # the parser's message names the string and the units
-            return ConfigProblem(key, str(exc))
-        what = "a Time (e.g. '1ep', '500ba')" + (
-            " or a callable (state, event) -> bool" if allow_callable else "")
-        return ConfigProblem(key, f"{value!r} is not {what}: {exc}")
-    message = interval_problem(key, time) if key.endswith("interval") else None
-    return None if message is None else ConfigProblem(key, message)
 
 
 @dataclass
@@ -185,7 +168,7 @@ class RunConfig(Section):
     def _duration_problems(self) -> list[ConfigProblem]:
         if self.max_duration is None:
             return []
-        problem = _time_problem("max_duration", self.max_duration, TimeUnit.EPOCH)
+        problem = time_problem("max_duration", self.max_duration, TimeUnit.EPOCH)
         if problem is not None:
             return [problem]
         duration = Time.from_input(self.max_duration, TimeUnit.EPOCH)
@@ -214,7 +197,7 @@ class EvalConfig(Section):
 
     def problems(self) -> list[ConfigProblem]:
         found = []
-        problem = _time_problem("eval_interval", self.eval_interval, TimeUnit.EPOCH,
+        problem = time_problem("eval_interval", self.eval_interval, TimeUnit.EPOCH,
                                 allow_callable=True)
         if problem is not None:
             found.append(problem)
@@ -256,7 +239,7 @@ class LoggingConfig(Section):
     def problems(self) -> list[ConfigProblem]:
         found = []
         for key in ("log_interval", "console_log_interval"):
-            problem = _time_problem(key, getattr(self, key), TimeUnit.BATCH)
+            problem = time_problem(key, getattr(self, key), TimeUnit.BATCH)
             if problem is not None:
                 found.append(problem)
         return found
