@@ -158,7 +158,7 @@ def test_tp2_on_two_ranks(reference: dict[str, Any]) -> None:
             {"tp": {"tensor_parallel_degree": 2, "verbose": True}})))
     if dist.get_global_rank() == 0:
         text = printed.getvalue()
-        assert "Parallelism: mesh (2,) ('tp',) on 2 ranks" in text
+        assert "Parallelism: mesh (1, 2) ('dp_replicate', 'tp') on 2 ranks" in text
         assert "TP plan (built-in plan for LlamaDecoderLayer), tensor_parallel_degree=2, " \
                "7 modules:" in text
         assert "model.model.layers.0.mlp.down_proj" in text and "RowwiseParallel" in text
