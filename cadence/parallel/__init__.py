@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from cadence.parallel.config import (
-        FSDPConfig, ParallelismConfig, TPConfig, parse_parallelism_config,
+        EPConfig, FSDPConfig, ParallelismConfig, TPConfig, parse_parallelism_config,
     )
     from cadence.parallel.fsdp import plan_fsdp_units
     from cadence.parallel.mesh import mesh_shape
@@ -29,14 +29,15 @@ if TYPE_CHECKING:
     from cadence.utils.misc import unwrap_model
 
 __all__ = [
-    "FSDPConfig", "TPConfig", "ParallelismConfig", "ParallelPlan", "parse_parallelism_config",
+    "FSDPConfig", "TPConfig", "EPConfig", "ParallelismConfig", "ParallelPlan", "parse_parallelism_config",
     "parallelize", "build_mesh", "mesh_shape", "ParallelDims",
     "plan_fsdp_units", "unwrap_model", "is_fsdp", "remap_optimizer_params", "is_shard_placement",
 ]
 
 _config, _mesh = "cadence.parallel.config", "cadence.parallel.mesh"
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "FSDPConfig": _config, "TPConfig": _config, "ParallelismConfig": _config,
+    "FSDPConfig": _config, "TPConfig": _config, "EPConfig": _config,
+    "ParallelismConfig": _config,
     "parse_parallelism_config": _config, "plan_fsdp_units": "cadence.parallel.fsdp",
     "build_mesh": "cadence.parallel.parallel_dims", "mesh_shape": _mesh,
     "ParallelDims": "cadence.parallel.parallel_dims", "ParallelPlan": "cadence.parallel.plan",

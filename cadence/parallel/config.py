@@ -32,6 +32,10 @@ bf16 for ``amp_bf16``, fp16 for ``amp_fp16``, none for ``fp32``):
 tensor parallelism on the mesh's innermost ``tp`` dimension, applied before FSDP2 (see
 :mod:`cadence.parallel.tp`); ``device_mesh`` and pipeline keys are refused.
 
+``ep`` -> :class:`EPConfig` (``expert_parallel_degree``): each mixture-of-experts block's
+experts split over ``ep`` ranks taken from the fsdp shard ranks, tokens sent to their
+experts with all-to-all (see :mod:`cadence.parallel.expert_parallel`).
+
 Sources: PyTorch FSDP2 docs (``torch.distributed.fsdp.fully_shard``), Composer's
 ``FSDPConfig`` and ``TPConfig`` (``composer/utils/parallelism.py``), Accelerate's
 ``FullyShardedDataParallelPlugin``.
@@ -47,7 +51,7 @@ from cadence.parallel.tp_styles import tp_style_problem
 from cadence.registry.errors import ConfigError, ConfigProblem, did_you_mean
 
 __all__ = [
-    "FSDPConfig", "TPConfig", "ParallelismConfig", "ShardingStrategy", "parse_parallelism_config",
+    "FSDPConfig", "TPConfig", "EPConfig", "ParallelismConfig", "ShardingStrategy", "parse_parallelism_config",
     "check_parallelism_config", "layer_plan_problems",
     "SHARDING_STRATEGIES", "SYNC_GRADIENTS", "REFUSED_KEYS",
 ]
@@ -221,6 +225,35 @@ class TPConfig:
         _raise(problems)
 
 
+@dataclass
+class EPConfig:
+    """Expert parallelism for mixture-of-experts blocks; see
+    :mod:`cadence.parallel.expert_parallel`.
+
+    Attributes:
+        expert_parallel_degree: ranks over which each MoE block's experts are split (the
+            ``ep`` dimension of the experts' mesh). As in torchtitan, these ranks are taken
+            from the data-parallel shard ranks (they load different samples), so ``ep`` does
+            not multiply into the world size: it must divide the fsdp shard degree and each
+            block's number of experts, and ``parallelism_config.fsdp`` must be set (FSDP2
+            shards everything else over the data-parallel ranks). Default 1: no expert
+            parallelism.
+    """
+
+    expert_parallel_degree: int = 1
+
+    def __post_init__(self) -> None:
+        """Check the settings with the run file's own checks.
+
+        Raises:
+            ConfigError: a bad value named by its key path
+                (``parallelism_config.ep.expert_parallel_degree``).
+        """
+        problems: Problems = []
+        _ep_values(_changed(self), f"{_PREFIX}.ep", problems)
+        _raise(problems)
+
+
 # TP keys with another meaning elsewhere: key -> why / instead.
 _TP_REFUSED_KEYS = {
     "device_mesh": "the mesh is built from tensor_parallel_degree and the fsdp degrees; set "
@@ -231,11 +264,13 @@ _TP_REFUSED_KEYS = {
 
 @dataclass
 class ParallelismConfig:
-    """``parallelism_config``: ``fsdp`` (an :class:`FSDPConfig`) and/or ``tp`` (a
-    :class:`TPConfig`); neither: DDP when the world size is above 1, else a single process."""
+    """``parallelism_config``: ``fsdp`` (an :class:`FSDPConfig`), ``tp`` (a
+    :class:`TPConfig`), ``ep`` (an :class:`EPConfig`, with ``fsdp``); none: DDP when the
+    world size is above 1, else a single process."""
 
     fsdp: Optional[FSDPConfig] = field(default=None)
     tp: Optional[TPConfig] = field(default=None)
+    ep: Optional[EPConfig] = field(default=None)
 
     def __post_init__(self) -> None:
         """Check the sections: each is an :class:`FSDPConfig` / :class:`TPConfig` (checked when
@@ -256,6 +291,12 @@ class ParallelismConfig:
             _problem(problems, f"{_PREFIX}.tp",
                      f"{self.tp!r} must be a TPConfig, a dict like {{tensor_parallel_degree: "
                      f"2}} or None.")
+        if isinstance(self.ep, Mapping):
+            self.ep = EPConfig(**_ep_values(self.ep, f"{_PREFIX}.ep", problems))
+        elif self.ep is not None and not isinstance(self.ep, EPConfig):
+            _problem(problems, f"{_PREFIX}.ep",
+                     f"{self.ep!r} must be an EPConfig, a dict like {{expert_parallel_degree: "
+                     f"2}} or None.")
         _raise(problems)
 
     @property
@@ -263,16 +304,21 @@ class ParallelismConfig:
         """Ranks per tensor-parallel group (1: no tensor parallelism)."""
         return self.tp.tensor_parallel_degree if self.tp is not None else 1
 
+    @property
+    def ep_degree(self) -> int:
+        """Ranks each MoE block's experts are split over (1: no expert parallelism)."""
+        return self.ep.expert_parallel_degree if self.ep is not None else 1
+
     def to_dict(self) -> dict[str, Any]:
         """The settings as a run file would write them (the run's ``hyperparameters``):
-        ``fsdp`` and ``tp`` when set, each with the keys whose values differ from the
+        ``fsdp``, ``tp`` and ``ep`` when set, each with the keys whose values differ from the
         defaults, under their canonical names.
 
         Returns:
             A new dict; parsing it again gives an equal config.
         """
         out: dict[str, Any] = {}
-        for name in ("fsdp", "tp"):
+        for name in ("fsdp", "tp", "ep"):
             section = getattr(self, name)
             if section is not None:
                 out[name] = {f.name: copy.copy(getattr(section, f.name))
@@ -480,6 +526,26 @@ def _tp_values(raw: Mapping[str, Any], prefix: str, problems: Problems,
     return config
 
 
+def _ep_values(raw: Mapping[str, Any], prefix: str, problems: Problems) -> dict[str, Any]:
+    """The one check of EP settings (run file and :meth:`EPConfig.__post_init__`): the valid
+    values of ``raw`` by field name; problems appended."""
+    names = [f.name for f in fields(EPConfig)]
+    config: dict[str, Any] = {}
+    for raw_key, value in raw.items():
+        key, where = str(raw_key), f"{prefix}.{raw_key}"
+        if key not in names:
+            _problem(problems, where, f"unknown EP key.{did_you_mean(key, names)} Allowed: "
+                                      f"{', '.join(names)}.")
+            continue
+        degree = _typed(problems, where, value, int)
+        if isinstance(degree, int) and degree < 1:
+            _problem(problems, where, f"{degree} must be a positive int (1: no expert "
+                                      "parallelism).")
+        elif isinstance(degree, int):
+            config[key] = degree
+    return config
+
+
 def layer_plan_problems(config: ParallelismConfig, prefix: str = "parallelism_config",
                         ) -> Problems:
     """Check the ``layer_plan`` styles of a typed config that are dotted paths, by importing
@@ -557,11 +623,21 @@ def check_parallelism_config(
             else:
                 _problem(problems, f"{prefix}.tp", f"{value!r} must be a dict like "
                                                    f"{{tensor_parallel_degree: 2}}.")
+        elif key == "ep":
+            if value is None:
+                continue
+            if isinstance(value, EPConfig):  # checked when it was built
+                result.ep = value
+            elif isinstance(value, Mapping):
+                result.ep = EPConfig(**_ep_values(value, f"{prefix}.ep", problems))
+            else:
+                _problem(problems, f"{prefix}.ep", f"{value!r} must be a dict like "
+                                                   f"{{expert_parallel_degree: 2}}.")
         elif key in ("tensor_parallel", "pp", "pipeline_parallel", "cp", "context_parallel"):
             _problem(problems, f"{prefix}.{key}", "not supported: cadence runs data parallelism "
                                                   "(fsdp) and tensor parallelism (tp).")
         else:
             _problem(problems, f"{prefix}.{key}", f"unknown key."
-                                                  f"{did_you_mean(str(key), ['fsdp', 'tp'])} "
-                                                  f"Allowed: fsdp, tp.")
+                                                  f"{did_you_mean(str(key), ['fsdp', 'tp', 'ep'])} "
+                                                  f"Allowed: fsdp, tp, ep.")
     return result, problems

@@ -43,7 +43,7 @@ from cadence.utils import dist
 from cadence.parallel.config import FSDPConfig
 from cadence.parallel.param_init import shared_parameters
 
-__all__ = ["FSDPUnit", "apply_fsdp", "plan_fsdp_units", "mixed_precision_policy",
+__all__ = ["FSDPUnit", "apply_fsdp", "fully_shard_kwargs", "plan_fsdp_units", "mixed_precision_policy",
            "reshard_after_forward_for", "is_norm_module", "norm_mixed_precision_policy"]
 
 log = logging.getLogger(__name__)
@@ -219,6 +219,22 @@ def _print_plan(units: list[FSDPUnit], model: nn.Module, config: FSDPConfig, mes
     print("\n".join(lines), flush=True)
 
 
+def _offload_policy(device: Optional[torch.device]) -> CPUOffloadPolicy:
+    return CPUOffloadPolicy(pin_memory=device is not None and device.type == "cuda")
+
+
+def fully_shard_kwargs(config: FSDPConfig, precision: str = "fp32",
+                       device: Optional[torch.device] = None) -> dict[str, Any]:
+    """The ``fully_shard`` keywords of a block unit, besides its mesh: ``mp_policy``,
+    ``reshard_after_forward`` and, with ``cpu_offload``, ``offload_policy`` (for modules
+    sharded outside :func:`apply_fsdp` on another mesh: the experts)."""
+    kwargs: dict[str, Any] = {"mp_policy": mixed_precision_policy(config, precision),
+                              "reshard_after_forward": reshard_after_forward_for(config)}
+    if config.cpu_offload:
+        kwargs["offload_policy"] = _offload_policy(device)
+    return kwargs
+
+
 def apply_fsdp(model: nn.Module, config: FSDPConfig, mesh: DeviceMesh, precision: str = "fp32",
                device: Optional[torch.device] = None) -> nn.Module:
     """Shard ``model`` in place with ``fully_shard``: each planned unit, then the root.
@@ -241,8 +257,7 @@ def apply_fsdp(model: nn.Module, config: FSDPConfig, mesh: DeviceMesh, precision
     policy = mixed_precision_policy(config, precision)
     common: dict[str, Any] = {"mesh": mesh, "mp_policy": policy}
     if config.cpu_offload:
-        common["offload_policy"] = CPUOffloadPolicy(
-            pin_memory=device is not None and device.type == "cuda")
+        common["offload_policy"] = _offload_policy(device)
     norm_policy = norm_mixed_precision_policy(policy)
     norms = _norm_modules(model, units) if norm_policy is not None else []
     if config.verbose:

@@ -11,8 +11,18 @@ mesh is built at most once, on first use, and the parallelize plan shards on tha
 Mesh layout (outermost first; torchtitan's order): ``(dp_replicate, dp_shard, tp)``, with
 only the dimensions the strategy uses (see :func:`cadence.parallel.mesh.mesh_dims`); ``tp``
 is innermost, so the ranks of one tensor-parallel group are neighbours on one node and this
-rank's data-parallel index is ``global_rank // tp``. ``pp`` and ``ep`` are held (always 1
-today) so that pipeline and expert parallelism can add their dimensions here.
+rank's data-parallel index is ``global_rank // tp``. ``pp`` is held (always 1 today) so
+that pipeline parallelism can add its dimension here.
+
+Expert parallelism (``parallelism_config.ep``) borrows its ranks from ``dp_shard``, as
+torchtitan's does: ``ep`` divides ``dp_shard`` and does not multiply into the world size
+(the ranks of one expert-parallel group still load different samples). With ``ep > 1``,
+:meth:`ParallelDims.build_mesh` also builds the experts' mesh by unflattening the run
+mesh's ``dp_shard`` dimension: ``(dp_replicate, dp_shard_in_ep, ep)``, ``ep`` innermost
+(the ranks of one expert-parallel group are neighbours), ``dp_shard_in_ep = dp_shard /
+ep`` the ranks holding the same experts, over which FSDP2 shards them (torchtitan's
+"EP region" mesh and name). Everything that is not an expert is sharded over the run
+mesh's data-parallel dimensions as without ``ep``.
 
 Every process group the mesh creates times out after the run's ``dist_timeout``
 (:func:`cadence.utils.dist.get_dist_timeout`), not torch's 30-minute default: a hung rank
@@ -49,16 +59,18 @@ class ParallelDims:
         dp_replicate: data-parallel replicas (DDP, ``NO_SHARD``, HYBRID's outer dimension).
         dp_shard: ranks one FSDP2 shard group spans (1 without sharding).
         tp: tensor-parallel degree (ranks of one tensor-parallel group).
-        world_size: all ranks; ``dp_replicate * dp_shard * tp * pp * ep`` must equal it.
+        world_size: all ranks; ``dp_replicate * dp_shard * tp * pp`` must equal it.
         global_rank: this rank.
         fsdp: whether FSDP2 shards the model (``parallelism_config.fsdp`` is set).
         pp: pipeline-parallel degree (1: no pipeline; room for pipeline parallelism).
-        ep: expert-parallel degree (1: no expert parallelism).
+        ep: expert-parallel degree (1: no expert parallelism); borrowed from ``dp_shard``,
+            which it must divide.
         mesh_shape / mesh_dim_names: the ``DeviceMesh`` the degrees make (empty when no
             mesh is needed: one process, or plain DDP).
 
     Raises:
-        ValueError: the degrees do not multiply to ``world_size``.
+        ValueError: the degrees do not multiply to ``world_size``, or ``ep`` does not
+            divide ``dp_shard``.
     """
 
     dp_replicate: int
@@ -73,18 +85,24 @@ class ParallelDims:
     mesh_dim_names: tuple[str, ...] = ()
     _mesh: Optional[DeviceMesh] = field(default=None, repr=False, compare=False)
     _dp_group: Any = field(default=None, repr=False, compare=False)
+    _expert_mesh: Optional[DeviceMesh] = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("dp_replicate", "dp_shard", "tp", "pp", "ep", "world_size"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"ParallelDims.{name} must be at least 1, got "
                                  f"{getattr(self, name)}.")
-        product = self.dp_replicate * self.dp_shard * self.tp * self.pp * self.ep
+        product = self.dp_replicate * self.dp_shard * self.tp * self.pp
         if product != self.world_size:
             raise ValueError(
                 f"dp_replicate ({self.dp_replicate}) x dp_shard ({self.dp_shard}) x tp "
-                f"({self.tp}) x pp ({self.pp}) x ep ({self.ep}) = {product} must equal the "
+                f"({self.tp}) x pp ({self.pp}) = {product} must equal the "
                 f"world size ({self.world_size}).")
+        if self.dp_shard % self.ep != 0:  # ep is borrowed from the shard ranks
+            raise ValueError(
+                f"parallelism_config.ep.expert_parallel_degree={self.ep} does not divide the "
+                f"{self.dp_shard} data-parallel shard ranks (dp_shard); use a divisor of "
+                f"{self.dp_shard}.")
 
     @classmethod
     def from_config(cls, config: Optional[ParallelismConfig] = None,
@@ -100,7 +118,9 @@ class ParallelDims:
         Raises:
             ValueError: ``tensor_parallel_degree`` does not divide the world size or the
                 ranks per node, tp without fsdp over more than one tp group, or fsdp degrees
-                that do not fit (naming the key; :func:`cadence.parallel.mesh.mesh_dims`).
+                that do not fit (naming the key; :func:`cadence.parallel.mesh.mesh_dims`);
+                ``expert_parallel_degree`` without fsdp, with tp, or not dividing the
+                data-parallel shard ranks.
         """
         from cadence.parallel.config import ParallelismConfig
 
@@ -111,11 +131,12 @@ class ParallelDims:
         shape, names = mesh_dims(config, world, local)
         sizes = dict(zip(names, shape))
         needs_mesh = config.fsdp is not None or config.tp_degree > 1
+        _check_ep(config, sizes.get("dp_shard", 1))
         if needs_mesh and names == ("tp",):  # tp alone: a size-1 data-parallel dimension
             shape, names = (1, *shape), ("dp_replicate", *names)  # (its groups: one rank)
         return cls(dp_replicate=sizes.get("dp_replicate", 1), dp_shard=sizes.get("dp_shard", 1),
                    tp=sizes.get("tp", 1), world_size=world, global_rank=rank,
-                   fsdp=config.fsdp is not None,
+                   fsdp=config.fsdp is not None, ep=config.ep_degree,
                    mesh_shape=tuple(shape) if needs_mesh else (),
                    mesh_dim_names=tuple(names) if needs_mesh else ())
 
@@ -136,6 +157,19 @@ class ParallelDims:
     def tp_enabled(self) -> bool:
         """Whether tensor parallelism splits the model (``tp > 1``)."""
         return self.tp > 1
+
+    @property
+    def ep_enabled(self) -> bool:
+        """Whether expert parallelism splits the MoE blocks' experts (``ep > 1``)."""
+        return self.ep > 1
+
+    @property
+    def gradient_divide_factor(self) -> int:
+        """What FSDP2 divides the experts' summed gradients by: every data-parallel rank
+        (``dp_replicate * dp_shard``), not the smaller mesh they are sharded over: an
+        expert's gradient already sums the tokens of the whole expert-parallel group
+        (torchtitan's ``fsdp_gradient_divide_factor``)."""
+        return self.dp_size
 
     @property
     def needs_mesh(self) -> bool:
@@ -166,7 +200,34 @@ class ParallelDims:
             device_type, self.mesh_shape, mesh_dim_names=self.mesh_dim_names,
             backend_override=None if override is None else dict.fromkeys(
                 range(len(self.mesh_shape)), override))
+        if self.ep_enabled:  # the experts' mesh: dp_shard split into (dp_shard_in_ep, ep)
+            names = ("dp_shard_in_ep", "ep")
+            self._expert_mesh = self._mesh._unflatten(
+                "dp_shard", (self.dp_shard // self.ep, self.ep), names,
+                backend_override=None if override is None else dict.fromkeys(names, override))
         return self._mesh
+
+    @property
+    def expert_mesh(self) -> DeviceMesh:
+        """The experts' mesh ``(dp_replicate, dp_shard_in_ep, ep)`` (``dp_replicate`` only
+        with HYBRID strategies), built by :meth:`build_mesh`: experts are split over
+        ``ep`` and FSDP2 shards them over the other dimensions
+        (:meth:`expert_data_parallel_mesh`).
+
+        Raises:
+            RuntimeError: no expert parallelism, or the mesh was not built yet.
+        """
+        if self._expert_mesh is None:
+            raise RuntimeError("No experts' mesh: expert parallelism is off (ep=1) or "
+                               "ParallelDims.build_mesh() has not run yet.")
+        return self._expert_mesh
+
+    def expert_data_parallel_mesh(self) -> DeviceMesh:
+        """The part of :attr:`expert_mesh` FSDP2 shards the experts over: ``dp_shard_in_ep``
+        (with ``dp_replicate`` first under HYBRID strategies); its size may be 1."""
+        mesh = self.expert_mesh
+        names = tuple(n for n in (mesh.mesh_dim_names or ()) if n != "ep")
+        return mesh[names] if len(names) > 1 else mesh[names[0]]
 
     @property
     def mesh(self) -> Optional[DeviceMesh]:
@@ -204,6 +265,32 @@ class ParallelDims:
         parts += [f"{name}={getattr(self, name)}" for name in ("pp", "ep")
                   if getattr(self, name) > 1]
         return f"{' '.join(parts)} ({self.world_size} ranks)"
+
+
+def _check_ep(config: ParallelismConfig, dp_shard: int) -> None:
+    """Refuse an ``expert_parallel_degree`` the run cannot take (before anything is built).
+
+    Raises:
+        ValueError: ep without fsdp, ep with tensor parallelism, or ep not dividing the
+            ``dp_shard`` data-parallel shard ranks (naming the key and the fix).
+    """
+    ep = config.ep_degree
+    if ep == 1:
+        return
+    key = f"parallelism_config.ep.expert_parallel_degree={ep}"
+    if config.fsdp is None:
+        raise ValueError(f"{key} needs parallelism_config.fsdp: the experts are split over "
+                         f"ranks taken from FSDP2's shard ranks, and FSDP2 shards everything "
+                         f"else; add fsdp: {{}}.")
+    if config.tp_degree > 1:
+        raise ValueError(f"{key} with tensor parallelism "
+                         f"(tensor_parallel_degree={config.tp_degree}) is not supported yet; "
+                         f"use one of them.")
+    if config.fsdp.sharding_strategy == "NO_SHARD" or dp_shard % ep != 0:
+        raise ValueError(f"{key} does not divide the {dp_shard} data-parallel shard ranks "
+                         f"(dp_shard, with sharding_strategy "
+                         f"{config.fsdp.sharding_strategy}): expert-parallel ranks are taken "
+                         f"from them; use a divisor of {dp_shard}.")
 
 
 def build_mesh(config: ParallelismConfig, device_type: str) -> DeviceMesh:

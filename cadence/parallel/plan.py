@@ -5,6 +5,8 @@
    algorithm already checkpointed blocks at ``INIT``);
 2. ``torch.compile`` per block or whole (:mod:`.compile`; lazy, traced at the first call);
 3. tensor parallelism on the mesh's ``tp`` dimension (:mod:`.tp`);
+3b. expert parallelism: each MoE block's experts split over ``ep`` and FSDP2-sharded over
+   the experts' mesh first (:mod:`.expert_parallel`);
 4. FSDP2 on the data-parallel dimensions (:mod:`.fsdp`), or DDP when several ranks and
    no fsdp; nothing on one rank;
 5. weights: a meta model's shards allocated and initialised by its init hook
@@ -37,7 +39,10 @@ from cadence.parallel.activation_checkpointing import (
 )
 from cadence.parallel.compile import CompileConfig, apply_compile
 from cadence.parallel.config import ParallelismConfig
-from cadence.parallel.fsdp import apply_fsdp
+from cadence.parallel.expert_parallel import (
+    apply_ep, describe_experts, plan_expert_parallel, shard_experts,
+)
+from cadence.parallel.fsdp import apply_fsdp, fully_shard_kwargs
 from cadence.parallel.mesh import data_parallel_mesh
 from cadence.parallel.parallel_dims import ParallelDims
 from cadence.parallel.param_init import (
@@ -126,10 +131,12 @@ def parallelize(model: nn.Module, plan: ParallelPlan) -> nn.Module:
     fsdp, tp_degree = config.fsdp, config.tp_degree
     tp_plan = (plan_tensor_parallel(model, tp_degree, config.tp.layer_plan)
                if config.tp is not None and tp_degree > 1 else None)  # checked before sharding
-    mesh = plan.mesh
+    experts = (plan_expert_parallel(model, config.ep_degree)
+               if config.ep_degree > 1 else None)  # checked before sharding
+    mesh, dims = plan.mesh, plan.dims
     if mesh is None and (fsdp is not None or tp_plan is not None):
         _ensure_process_group(plan.device)
-        dims = plan.dims if plan.dims is not None else ParallelDims.from_config(config)
+        dims = dims if dims is not None else ParallelDims.from_config(config)
         mesh = dims.build_mesh(plan.device.type)
     source = _weights_source(model, fsdp is not None and fsdp.cpu_ram_efficient_loading)
     if plan.verbose and mesh is not None and dist.get_global_rank() == 0:
@@ -148,6 +155,13 @@ def parallelize(model: nn.Module, plan: ParallelPlan) -> nn.Module:
         if plan.verbose and dist.get_global_rank() == 0:
             print(describe_tp_plan(tp_plan), flush=True)
         apply_tp(model, tp_plan, mesh["tp"])
+    if experts is not None:
+        assert fsdp is not None and dims is not None and dims.ep_enabled  # ParallelDims checked
+        if plan.verbose and dist.get_global_rank() == 0:
+            print(describe_experts(experts, dims.ep), flush=True)
+        apply_ep(experts, dims.expert_mesh["ep"])
+        shard_experts(experts, dims.expert_data_parallel_mesh(), dims.gradient_divide_factor,
+                      **fully_shard_kwargs(fsdp, plan.precision, plan.device))
     if fsdp is not None:
         assert mesh is not None
         apply_fsdp(model, fsdp, data_parallel_mesh(mesh), precision=plan.precision,
