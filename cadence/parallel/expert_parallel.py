@@ -163,6 +163,10 @@ def _expert_parallel_forward(self: nn.Module, hidden_states: torch.Tensor,
                              ) -> torch.Tensor:
     """The experts' forward under expert parallelism: dispatch, local experts, combine."""
     group = self._ep_group
+    shape = hidden_states.shape  # [N, H] (or [..., H]: flattened here, restored at the end)
+    hidden_states = hidden_states.reshape(-1, shape[-1])
+    top_k_index = top_k_index.reshape(hidden_states.shape[0], -1)
+    top_k_weights = top_k_weights.reshape(hidden_states.shape[0], -1)
     rows, plan = dispatch(hidden_states, top_k_index, self.num_experts, group)
     compute = getattr(self, "expert_forward", None)
     if callable(compute):
@@ -171,8 +175,9 @@ def _expert_parallel_forward(self: nn.Module, hidden_states: torch.Tensor,
         out_rows = _fused_expert_forward(self, rows, plan.tokens_per_local_expert)
     self.tokens_per_expert = plan.tokens_per_expert
     self.all_to_all_bytes = all_to_all_bytes(plan, hidden_states.element_size())
-    return combine(out_rows, plan, top_k_weights, hidden_states.shape[0], group,
-                   dtype=hidden_states.dtype)
+    out = combine(out_rows, plan, top_k_weights, hidden_states.shape[0], group,
+                  dtype=hidden_states.dtype)
+    return out if out.shape == shape else out.reshape(shape)  # (no view of [N, H] returned)
 
 
 _EP_CLASSES: dict[type, type] = {}
