@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from cadence.core import Algorithm, Event, State
+from cadence.parallel.grad_norm import clip_grad_norm_
 from cadence.registry import algorithms
 
 __all__ = ["ClippingType", "GradientClipping", "apply_gradient_clipping", "unitwise_norm"]
@@ -93,7 +94,7 @@ def apply_gradient_clipping(
     parameters = model.parameters() if isinstance(model, nn.Module) else model
     params = [p for p in parameters if p.requires_grad and p.grad is not None]  # not frozen
     if kind == ClippingType.NORM:
-        return torch.nn.utils.clip_grad_norm_(params, max_norm=clipping_threshold)
+        return clip_grad_norm_(params, max_norm=clipping_threshold)  # any meshes
     if kind == ClippingType.VALUE:
         torch.nn.utils.clip_grad_value_(params, clip_value=clipping_threshold)
     else:

@@ -236,12 +236,15 @@ def shard_experts(experts: list[ExpertsModule], mesh: DeviceMesh, divide_factor:
     """
     from torch.distributed.fsdp import fully_shard
 
+    sum_only = mesh.size() > 1 and torch_dist.get_backend(mesh.get_group()) != "nccl"
     for item in experts:
         local = item.num_experts // max(1, _ep_size(item.module))
         dim = 0 if local >= mesh.size() else 1
         fully_shard(item.module, mesh=mesh, shard_placement_fn=lambda _p, d=dim: Shard(d),
                     **fully_shard_kwargs)
         item.module.set_gradient_divide_factor(float(divide_factor))
+        if sum_only:  # gloo has no PREMUL_SUM: FSDP2 then scales before and after a SUM
+            item.module.set_force_sum_reduction_for_comms(True)
         item.module._fsdp_wrap = False
 
 

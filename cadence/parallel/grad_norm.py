@@ -3,25 +3,56 @@
 Under DDP every rank holds the full (all-reduced) gradients, so the local norm is the norm.
 Under FSDP2 gradients are DTensor shards: ``torch.nn.utils.get_total_norm`` reduces the
 shards' partial norms over the mesh, and ``full_tensor()`` makes the result a plain tensor,
-the same on every rank. Source: PyTorch ``torch.nn.utils.get_total_norm``; torchtitan's
+the same on every rank; gradients on several meshes (the experts' under expert parallelism)
+are reduced mesh by mesh, then combined. Source: PyTorch ``torch.nn.utils.get_total_norm``; torchtitan's
 ``clip_grad_norm_``.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from cadence.utils.dtensor import full_tensor
 
-__all__ = ["get_grad_norm", "get_param_norm"]
+__all__ = ["get_grad_norm", "get_param_norm", "clip_grad_norm_"]
+
+
+def _by_mesh(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``tensors`` grouped by DTensor mesh (plain tensors together): DTensor ops take one
+    mesh, and under expert parallelism the experts live on a mesh of their own."""
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault(t.device_mesh if isinstance(t, DTensor) else None, []).append(t)
+    return list(groups.values())
 
 
 def _total_norm(tensors: list[torch.Tensor], norm_type: float) -> torch.Tensor:
     if not tensors:
         return torch.zeros(())
-    return full_tensor(torch.nn.utils.get_total_norm(tensors, norm_type=norm_type))
+    norms = [full_tensor(torch.nn.utils.get_total_norm(group, norm_type=norm_type))
+             for group in _by_mesh(tensors)]
+    if len(norms) == 1:
+        return norms[0]
+    return torch.nn.utils.get_total_norm(norms, norm_type=norm_type)  # the norm of the norms
+
+
+def clip_grad_norm_(parameters: Iterable[torch.nn.Parameter], max_norm: float,
+                    norm_type: float = 2.0) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` whatever the meshes of the gradients (FSDP2's,
+    TP's and expert parallelism's together): scale every gradient by
+    ``max_norm / (total + 1e-6)`` when the total norm exceeds ``max_norm``.
+
+    Returns:
+        The total norm before clipping (a 0-d tensor, the same on every rank).
+    """
+    params = [p for p in parameters if p.grad is not None]
+    total = get_grad_norm(params, norm_type)
+    for group in _by_mesh(params):
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+    return total
 
 
 def get_grad_norm(parameters: Iterable[torch.nn.Parameter], norm_type: float = 2.0) -> torch.Tensor:
