@@ -50,6 +50,25 @@ def tiny_mixtral(num_experts: int = EXPERTS) -> Any:
     return HuggingFaceModel(MixtralForCausalLM(config))
 
 
+def tiny_moe(family: str) -> Any:
+    """A 1-layer transformers MoE of ``family`` (``qwen2_moe``: with its shared expert;
+    ``qwen3_moe``; ``olmoe``), 4 experts, top-2, as a ``HuggingFaceModel``."""
+    import transformers
+
+    from cadence.models import HuggingFaceModel
+
+    names = {"qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "olmoe": "Olmoe"}[family]
+    common = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=1, max_position_embeddings=SEQ, num_experts=EXPERTS,
+                  num_experts_per_tok=2, intermediate_size=32, bos_token_id=0,
+                  eos_token_id=1, pad_token_id=0)
+    extra = {"qwen2_moe": dict(moe_intermediate_size=8, shared_expert_intermediate_size=8),
+             "qwen3_moe": dict(moe_intermediate_size=8), "olmoe": {}}[family]
+    config = getattr(transformers, f"{names}Config")(**common, **extra)
+    torch.manual_seed(0)
+    return HuggingFaceModel(getattr(transformers, f"{names}ForCausalLM")(config))
+
+
 def starve_expert(model: Any, expert: int) -> None:
     """Route no token to ``expert``: each router's choice of it is replaced by another
     expert the token did not choose (a forward hook on every router, the same in every
@@ -83,7 +102,7 @@ class Counting(Dataset):
 
 
 def train(parallelism_config: Optional[dict[str, Any]], microbatch: Optional[int] = None,
-          starve: Optional[int] = None) -> tuple[list[float], Trainer]:
+          starve: Optional[int] = None, **kwargs: Any) -> tuple[list[float], Trainer]:
     """Train the tiny Mixtral for STEPS steps of GLOBAL_BATCH samples: the logged losses.
 
     The load-balancing loss is computed per forward over the tokens it sees, so the
@@ -107,10 +126,12 @@ def train(parallelism_config: Optional[dict[str, Any]], microbatch: Optional[int
                       optimizers=torch.optim.SGD(model.parameters(), lr=LR),
                       loggers=[memory], log_interval="1ba", progress_bar=False, seed=0,
                       device="cpu", parallelism_config=parallelism_config,
-                      device_train_microbatch_size=microbatch)
+                      device_train_microbatch_size=microbatch, **kwargs)
+    start = int(trainer.state.timestamp.batch)
     trainer.fit()
+    trainer.close()
     losses = [float(v) for _, v in memory.data["loss/train/total"]]
-    assert len(losses) == STEPS
+    assert len(losses) == STEPS - start
     return losses, trainer
 
 
@@ -141,9 +162,9 @@ def reference_4() -> dict[str, Any]:
 
 
 def check_against(expected: dict[str, Any], parallelism_config: dict[str, Any],
-                  starve: Optional[int], what: str) -> Trainer:
+                  starve: Optional[int], what: str, **kwargs: Any) -> Trainer:
     """The run's per-step losses (relative) and final weights against one process's."""
-    losses, trainer = train(parallelism_config, starve=starve)
+    losses, trainer = train(parallelism_config, starve=starve, **kwargs)
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses, expected["losses"]))
     if dist.get_global_rank() == 0:
         print(f"max relative loss diff {what}: {worst:.2e}", flush=True)
@@ -269,6 +290,27 @@ def test_dispatch_and_combine_give_transformers_experts() -> None:
     assert torch.allclose(grad, grad_in, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", ["qwen2_moe", "qwen3_moe", "olmoe"])
+def test_built_in_families_are_found_and_computed_alike(family: str) -> None:
+    """Qwen2-MoE, Qwen3-MoE and OLMoE store their experts in the fused layout: found by the
+    plan, and dispatch -> fused experts -> combine gives their eager experts' output."""
+    from cadence.parallel.expert_parallel import _fused_expert_forward
+
+    model = tiny_moe(family)
+    found = plan_expert_parallel(model, 2)
+    assert [(e.name, e.num_experts) for e in found] == [("model.model.layers.0.mlp.experts",
+                                                         EXPERTS)]
+    experts = found[0].module
+    experts.config._experts_implementation = "eager"
+    hidden = torch.randn(10, 16)
+    index = torch.stack([torch.arange(10) % EXPERTS, (torch.arange(10) + 1) % EXPERTS], dim=1)
+    weights = torch.rand(10, 2)
+    rows, plan = dispatch(hidden, index, EXPERTS, None)
+    out = combine(_fused_expert_forward(experts, rows, plan.tokens_per_local_expert), plan,
+                  weights, 10, None)
+    assert torch.allclose(out, experts(hidden, index, weights), atol=1e-6)
+
+
 def test_plan_refuses_what_it_cannot_split() -> None:
     with pytest.raises(ValueError, match=r"expert_parallel_degree=3 does not divide the 4 "
                                          r"experts of model\.model\.layers\.0\.mlp\.experts "
@@ -280,12 +322,25 @@ def test_plan_refuses_what_it_cannot_split() -> None:
     assert [(e.name, e.num_experts) for e in found] == [("experts", EXPERTS)]
 
 
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The folder the plain EP=2 run of :func:`test_ep2_on_two_ranks` saves in."""
+    return str(tmp_path_factory.mktemp("ep-checkpoints"))
+
+
+def _save_kwargs(folder: str) -> dict[str, Any]:
+    return {"save_folder": f"{folder}/run-ep2", "save_interval": "2ba", "run_name": "run-ep2",
+            "save_state_dict_type": "sharded"}
+
+
 @pytest.mark.world_size(2)
-def test_ep2_on_two_ranks(reference_2: dict[str, Any]) -> None:
+def test_ep2_on_two_ranks(reference_2: dict[str, Any], checkpoints: str) -> None:
     """EP=2 on 2 ranks (fsdp over both, experts split 2 + 2): the single-process losses and
-    weights, plain and with expert 3 receiving no token; the layout; per-expert counts; a
-    user's experts module through the hook; and the refusals, before anything shards."""
-    trainer = check_against(reference_2["plain"], EP2, None, "ep2")
+    weights, plain (writing sharded checkpoints) and with expert 3 receiving no token; the
+    layout; per-expert counts; every gradient, the gradient norm and clipping; a user's
+    experts module through the hook; and the refusals, before anything shards."""
+    trainer = check_against(reference_2["plain"], EP2, None, "ep2", **_save_kwargs(checkpoints))
+    _write_losses(checkpoints, trainer)
     dims = trainer.state.parallel_dims
     assert (dims.dp_shard, dims.ep, dims.world_size) == (2, 2, 2)
     assert dims.expert_mesh.mesh_dim_names == ("dp_shard_in_ep", "ep")
@@ -306,7 +361,8 @@ def test_ep2_on_two_ranks(reference_2: dict[str, Any]) -> None:
     starved = check_against(reference_2["starved"], EP2, 3, "ep2, expert 3 starved")
     assert all(int(c[3]) == 0 for c in expert_load(starved.state.model).values())
 
-    _gradients_and_clipping_match_one_process()
+    _gradients_and_clipping_match_one_process(tiny_mixtral)
+    _gradients_and_clipping_match_one_process(lambda: tiny_moe("qwen2_moe"))
     _user_hook_matches_one_process()
 
     with pytest.raises(ValueError, match=r"expert_parallel_degree=2 does not divide the 3 "
@@ -321,7 +377,7 @@ def test_ep2_on_two_ranks(reference_2: dict[str, Any]) -> None:
     assert not any(isinstance(p, DTensor) for p in odd.parameters())
 
 
-def _gradients_and_clipping_match_one_process() -> None:
+def _gradients_and_clipping_match_one_process(build: Any) -> None:
     """One forward-backward of each rank's half batch under EP=2: every gradient (experts
     and the rest) is the whole batch's on one process; the total gradient norm and norm
     clipping too, over the two meshes (the experts' and the rest's)."""
@@ -329,7 +385,7 @@ def _gradients_and_clipping_match_one_process() -> None:
     from cadence.parallel import ParallelPlan, parallelize
     from cadence.parallel.grad_norm import get_grad_norm
 
-    model = tiny_mixtral()
+    model = build()
     whole = copy.deepcopy(model)
     ids = Counting().ids[:GLOBAL_BATCH]
     for rank in range(2):  # one process: the mean of the two ranks' losses
@@ -381,3 +437,42 @@ def test_ep2_x_fsdp2_on_four_ranks(reference_4: dict[str, Any]) -> None:
     assert tuple(gate_up.to_local().shape) == (1, 64, 16)
     starved = check_against(reference_4["starved"], EP2, 0, "ep2 x fsdp2, expert 0 starved")
     assert all(int(c[0]) == 0 for c in expert_load(starved.state.model).values())
+
+
+def _write_losses(folder: str, trainer: Trainer) -> None:
+    """Rank 0 writes the run's logged losses to ``folder/run-ep2.json``."""
+    import json
+    from pathlib import Path
+
+    memory = next(d for d in trainer.logger.destinations if isinstance(d, InMemoryLogger))
+    if dist.get_global_rank() == 0:
+        losses = [float(v) for _, v in memory.data["loss/train/total"]]
+        Path(folder, "run-ep2.json").write_text(json.dumps(losses))
+    dist.barrier()
+
+
+def _save_ep2(folder: str) -> None:
+    """The plain EP=2 run with its checkpoints alone (when :func:`test_ep2_on_two_ranks` did
+    not run first)."""
+    _, trainer = train(EP2, **_save_kwargs(folder))
+    _write_losses(folder, trainer)
+
+
+def test_ep2_sharded_checkpoint_resumes_on_one_process(checkpoints: str) -> None:
+    """The EP=2 run's sharded (DCP) checkpoint at step 2, every expert shard in it, resumed
+    on one process: steps 3 to 5 continue the EP=2 run's loss curve."""
+    import json
+    from pathlib import Path
+
+    from tests.common.distributed import run_in_processes
+
+    folder = Path(checkpoints)
+    if not (folder / "run-ep2.json").exists():
+        run_in_processes(2, __file__, "_save_ep2", {"folder": checkpoints}, timeout=240)
+    straight = json.loads((folder / "run-ep2.json").read_text())
+    (step2,) = sorted((folder / "run-ep2").glob("*ba2*"))
+    assert step2.is_dir()
+    losses, _ = train(None, microbatch=GLOBAL_BATCH // 2, load_path=str(step2))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, straight[2:]))
+    print(f"max relative loss diff ep2 -> 1 process: {worst:.2e}", flush=True)
+    assert len(losses) == STEPS - 2 and worst <= REL_TOLERANCE, (losses, straight)
