@@ -4,7 +4,7 @@ imports them on its first look-up (:data:`_REGISTERING_MODULES`), which register
 ``memory_monitor``, ``optimizer_monitor``, ``nan_monitor``, ``early_stopper``,
 ``threshold_stopper``, ``runtime_estimator``, ``profiler``, ``load_checkpoint``,
 ``free_outputs``, ``memory_snapshot``, ``oom_observer``, ``activation_monitor``,
-``system_metrics_monitor``, ``export_for_inference``. Composer's ``MLPerfCallback`` is left
+``system_metrics_monitor``, ``export_for_inference``, ``expert_load_monitor``. Composer's ``MLPerfCallback`` is left
 out (see README's "Coming from Composer").
 """
 
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from cadence.callbacks.activation_monitor import ActivationMonitor
     from cadence.callbacks.checkpoint_saver import CheckpointSaver
     from cadence.callbacks.early_stopper import EarlyStopper
+    from cadence.callbacks.expert_load_monitor import ExpertLoadMonitor
     from cadence.callbacks.export_for_inference import ExportForInferenceCallback
     from cadence.callbacks.free_outputs import FreeOutputs
     from cadence.callbacks.load_checkpoint import LoadCheckpoint
@@ -50,6 +51,7 @@ _LAZY = {
     "SpeedMonitor": "cadence.callbacks.speed_monitor",
     "ActivationMonitor": "cadence.callbacks.activation_monitor",
     "ExportForInferenceCallback": "cadence.callbacks.export_for_inference",
+    "ExpertLoadMonitor": "cadence.callbacks.expert_load_monitor",
     "FreeOutputs": "cadence.callbacks.free_outputs",
     "LoadCheckpoint": "cadence.callbacks.load_checkpoint",
     "MemorySnapshot": "cadence.callbacks.memory_snapshot",

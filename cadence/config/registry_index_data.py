@@ -188,6 +188,9 @@ INDEX = {
             {'name': 'min_delta', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'patience', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': "an int or a str or a Time string (e.g. '100ba')", 'time': True, 'members': [{'type': 'int'}, {'type': 'str'}, {'type': 'time'}]}},
         ]},
+        'expert_load_monitor': {'target': 'cadence.callbacks.expert_load_monitor.ExpertLoadMonitor', 'params': [
+            {'name': 'per_expert', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
+        ]},
         'export_for_inference': {'target': 'cadence.callbacks.export_for_inference.ExportForInferenceCallback', 'params': [
             {'name': 'save_format', 'kind': 'POSITIONAL_OR_KEYWORD', 'required': True},
             {'name': 'save_path', 'kind': 'POSITIONAL_OR_KEYWORD', 'required': True, 'type': {'describe': 'a str', 'members': [{'type': 'str'}]}},

@@ -358,8 +358,18 @@ def test_ep2_on_two_ranks(reference_2: dict[str, Any], checkpoints: str) -> None
     assert all(int(counts.sum()) == 2 * 4 * SEQ * 2 for counts in load.values())
     assert experts.all_to_all_bytes > 0
 
-    starved = check_against(reference_2["starved"], EP2, 3, "ep2, expert 3 starved")
+    from cadence.callbacks import ExpertLoadMonitor
+
+    starved = check_against(reference_2["starved"], EP2, 3, "ep2, expert 3 starved",
+                            callbacks=[ExpertLoadMonitor(per_expert=True)])
     assert all(int(c[3]) == 0 for c in expert_load(starved.state.model).values())
+    memory = next(d for d in starved.logger.destinations if isinstance(d, InMemoryLogger))
+    name = "model.model.layers.1.mlp.experts"
+    logged = {k: v[-1][1] for k, v in memory.data.items() if k.startswith("moe/")}
+    assert logged[f"moe/{name}/tokens/3"] == 0 and logged[f"moe/{name}/min_over_mean"] == 0
+    assert sum(logged[f"moe/{name}/tokens/{e}"] for e in range(EXPERTS)) == 2 * 4 * SEQ * 2
+    assert logged["moe/max_over_mean"] >= logged[f"moe/{name}/max_over_mean"] > 1
+    assert len(memory.data[f"moe/{name}/max_over_mean"]) == STEPS  # every batch
 
     _gradients_and_clipping_match_one_process(tiny_mixtral)
     _gradients_and_clipping_match_one_process(lambda: tiny_moe("qwen2_moe"))
