@@ -468,9 +468,11 @@ def _save_ep2(folder: str) -> None:
     _write_losses(folder, trainer)
 
 
-def test_ep2_sharded_checkpoint_resumes_on_one_process(checkpoints: str) -> None:
+def test_ep2_sharded_checkpoint_resumes_on_one_process(checkpoints: str,
+                                                       reference_2: dict[str, Any]) -> None:
     """The EP=2 run's sharded (DCP) checkpoint at step 2, every expert shard in it, resumed
-    on one process: steps 3 to 5 continue the EP=2 run's loss curve."""
+    on one process: steps 3 to 5 continue the EP=2 run's loss curve; its final checkpoint
+    exported to a Hugging Face Mixtral holds one process's weights."""
     import json
     from pathlib import Path
 
@@ -486,3 +488,17 @@ def test_ep2_sharded_checkpoint_resumes_on_one_process(checkpoints: str) -> None
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses, straight[2:]))
     print(f"max relative loss diff ep2 -> 1 process: {worst:.2e}", flush=True)
     assert len(losses) == STEPS - 2 and worst <= REL_TOLERANCE, (losses, straight)
+
+    # cadence convert --to hf of the final EP=2 checkpoint: whole experts, one process's
+    # weights (SGD: the same to rounding)
+    from transformers import MixtralForCausalLM
+
+    from cadence.models.hf_export import to_huggingface
+
+    (final,) = sorted((folder / "run-ep2").glob(f"*ba{STEPS}"))
+    hf = MixtralForCausalLM.from_pretrained(str(to_huggingface(final, folder / "hf")))
+    expected = {k[len("model."):]: v for k, v in reference_2["plain"]["state"].items()}
+    exported = hf.state_dict()
+    assert exported["model.layers.0.mlp.experts.gate_up_proj"].shape == (EXPERTS, 64, 16)
+    for key, value in expected.items():
+        assert torch.allclose(exported[key], value, rtol=1e-4, atol=1e-6), key
