@@ -374,6 +374,7 @@ def test_ep2_on_two_ranks(reference_2: dict[str, Any], checkpoints: str) -> None
     _gradients_and_clipping_match_one_process(tiny_mixtral)
     _gradients_and_clipping_match_one_process(lambda: tiny_moe("qwen2_moe"))
     _user_hook_matches_one_process()
+    _meta_init_is_the_same_under_ep()
 
     with pytest.raises(ValueError, match=r"expert_parallel_degree=2 does not divide the 3 "
                                          r"experts of model\.model\.layers\.0\.mlp\.experts"):
@@ -413,6 +414,28 @@ def _gradients_and_clipping_match_one_process(build: Any) -> None:
     apply_gradient_clipping(whole, "norm", 0.05)
     for name, param in model.named_parameters():
         assert torch.allclose(param.grad.full_tensor(), expected[name].grad, atol=1e-8), name
+
+
+def _meta_init_is_the_same_under_ep() -> None:
+    """A Mixtral built on the meta device and initialised after sharding (its
+    ``init_weights``) gets the same weights under EP=2 as under FSDP2 alone."""
+    from transformers import MixtralForCausalLM
+
+    from cadence.models import HuggingFaceModel
+    from cadence.parallel import ParallelPlan, parallelize
+
+    config = tiny_mixtral().model.config
+
+    def built(parallelism: dict[str, Any]) -> dict[str, torch.Tensor]:
+        with torch.device("meta"):
+            model = HuggingFaceModel(MixtralForCausalLM(config))
+        model = parallelize(model, ParallelPlan(parse_parallelism_config(parallelism), seed=0))
+        return full_state(model)
+
+    with_ep, fsdp_alone = built(EP2), built({"fsdp": {}})
+    assert with_ep.keys() == fsdp_alone.keys()
+    for key, value in fsdp_alone.items():
+        assert torch.equal(with_ep[key], value), key
 
 
 def _user_hook_matches_one_process() -> None:
