@@ -125,6 +125,16 @@ def plan_expert_parallel(model: nn.Module, degree: int) -> list[ExpertsModule]:
             f"expert_forward(rows, tokens_per_expert) and num_experts; see "
             f"cadence.parallel.expert_parallel). Remove parallelism_config.ep.")
     for item in found:
+        if not _is_experts(item.module):
+            raise ValueError(
+                f"{item.name} ({type(item.module).__name__}), named by expert_parallel_modules(), "
+                f"is neither transformers' fused experts nor has an expert_forward(rows, "
+                f"tokens_per_expert) method; give it one (see cadence.parallel.expert_parallel).")
+        if any(True for child in item.module.children() for _ in child.parameters()):
+            raise ValueError(
+                f"{item.name} ({type(item.module).__name__}) has submodules with parameters; "
+                f"an experts module must hold its expert weights itself (each [E, ...]), so "
+                f"they can be split on dimension 0.")
         if item.num_experts < 1:
             raise ValueError(f"{item.name} ({type(item.module).__name__}) has no int "
                              f"num_experts attribute; expert parallelism needs it.")

@@ -320,6 +320,11 @@ def test_plan_refuses_what_it_cannot_split() -> None:
         plan_expert_parallel(torch.nn.Linear(2, 2), 2)
     found = plan_expert_parallel(TinyMoE(), 2)
     assert [(e.name, e.num_experts) for e in found] == [("experts", EXPERTS)]
+    named = TinyMoE()
+    named.expert_parallel_modules = lambda: [named.router]  # the hook naming a wrong module
+    with pytest.raises(ValueError, match=r"router \(Linear\), named by "
+                                         r"expert_parallel_modules\(\), is neither"):
+        plan_expert_parallel(named, 2)
 
 
 @pytest.fixture(scope="module")
