@@ -51,7 +51,8 @@ from cadence.parallel.tp_styles import tp_style_problem
 from cadence.registry.errors import ConfigError, ConfigProblem, did_you_mean
 
 __all__ = [
-    "FSDPConfig", "TPConfig", "EPConfig", "ParallelismConfig", "ShardingStrategy", "parse_parallelism_config",
+    "FSDPConfig", "TPConfig", "EPConfig", "ParallelismConfig", "ShardingStrategy",
+    "parse_parallelism_config",
     "check_parallelism_config", "layer_plan_problems",
     "SHARDING_STRATEGIES", "SYNC_GRADIENTS", "REFUSED_KEYS",
 ]

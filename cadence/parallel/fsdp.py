@@ -43,8 +43,8 @@ from cadence.utils import dist
 from cadence.parallel.config import FSDPConfig
 from cadence.parallel.param_init import shared_parameters
 
-__all__ = ["FSDPUnit", "apply_fsdp", "fully_shard_kwargs", "plan_fsdp_units", "mixed_precision_policy",
-           "reshard_after_forward_for", "is_norm_module", "norm_mixed_precision_policy"]
+__all__ = ["FSDPUnit", "apply_fsdp", "fully_shard_kwargs", "plan_fsdp_units",
+           "mixed_precision_policy", "reshard_after_forward_for", "is_norm_module", "norm_mixed_precision_policy"]
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ Under DDP every rank holds the full (all-reduced) gradients, so the local norm i
 Under FSDP2 gradients are DTensor shards: ``torch.nn.utils.get_total_norm`` reduces the
 shards' partial norms over the mesh, and ``full_tensor()`` makes the result a plain tensor,
 the same on every rank; gradients on several meshes (the experts' under expert parallelism)
-are reduced mesh by mesh, then combined. Source: PyTorch ``torch.nn.utils.get_total_norm``; torchtitan's
-``clip_grad_norm_``.
+are reduced mesh by mesh, then combined. Source: PyTorch ``torch.nn.utils.get_total_norm``;
+torchtitan's ``clip_grad_norm_``.
 """
 
 from __future__ import annotations

@@ -134,6 +134,11 @@ def parallelize(model: nn.Module, plan: ParallelPlan) -> nn.Module:
     experts = (plan_expert_parallel(model, config.ep_degree)
                if config.ep_degree > 1 else None)  # checked before sharding
     mesh, dims = plan.mesh, plan.dims
+    if experts is not None and dims is None:
+        if mesh is not None:
+            raise ValueError("Expert parallelism builds the experts' mesh from the run's "
+                             "ParallelDims: pass ParallelPlan(dims=...) instead of a mesh.")
+        dims = ParallelDims.from_config(config)  # refuses ep without fsdp, with tp, ...
     if mesh is None and (fsdp is not None or tp_plan is not None):
         _ensure_process_group(plan.device)
         dims = dims if dims is not None else ParallelDims.from_config(config)
