@@ -235,6 +235,16 @@ def test_ep_settings_are_typed_and_bad_ones_named() -> None:
         parse_parallelism_config({"fsdp": {}, "ep": {"expert_parallel_degree": "two"}})
 
 
+def test_run_file_names_a_bad_ep_setting_before_torch_is_needed() -> None:
+    from cadence.config.schema import check_schema
+
+    _, problems = check_schema({"parallelism_config": {"fsdp": {}, "ep": {
+        "expert_parallel_degree": -2}}})
+    assert [(p.key, p.message) for p in problems if "ep" in p.key] == [
+        ("parallelism_config.ep.expert_parallel_degree",
+         "-2 must be a positive int (1: no expert parallelism).")]
+
+
 def _dims(config: dict[str, Any], world: int, local: int = 8) -> ParallelDims:
     return ParallelDims.from_config(parse_parallelism_config(config), world_size=world,
                                     local_world_size=local, global_rank=0)
