@@ -343,9 +343,10 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("ep-checkpoints"))
 
 
-def _save_kwargs(folder: str) -> dict[str, Any]:
-    return {"save_folder": f"{folder}/run-ep2", "save_interval": "2ba", "run_name": "run-ep2",
-            "save_state_dict_type": "sharded"}
+def _save_kwargs(folder: str, kind: str = "sharded") -> dict[str, Any]:
+    """Checkpoints every 2 steps, ``kind`` (``sharded``: DCP; ``full``: one file)."""
+    return {"save_folder": f"{folder}/run-ep2-{kind}", "save_interval": "2ba",
+            "run_name": f"run-ep2-{kind}", "save_state_dict_type": kind}
 
 
 @pytest.mark.world_size(2)
@@ -355,7 +356,7 @@ def test_ep2_on_two_ranks(reference_2: dict[str, Any], checkpoints: str) -> None
     layout; per-expert counts; every gradient, the gradient norm and clipping; a user's
     experts module through the hook; and the refusals, before anything shards."""
     trainer = check_against(reference_2["plain"], EP2, None, "ep2", **_save_kwargs(checkpoints))
-    _write_losses(checkpoints, trainer)
+    _write_losses(checkpoints, trainer, "sharded")
     dims = trainer.state.parallel_dims
     assert (dims.dp_shard, dims.ep, dims.world_size) == (2, 2, 2)
     assert dims.expert_mesh.mesh_dim_names == ("dp_shard_in_ep", "ep")
@@ -376,7 +377,9 @@ def test_ep2_on_two_ranks(reference_2: dict[str, Any], checkpoints: str) -> None
     from cadence.callbacks import ExpertLoadMonitor
 
     starved = check_against(reference_2["starved"], EP2, 3, "ep2, expert 3 starved",
-                            callbacks=[ExpertLoadMonitor(per_expert=True)])
+                            callbacks=[ExpertLoadMonitor(per_expert=True)],
+                            **_save_kwargs(checkpoints, "full"))
+    _write_losses(checkpoints, starved, "full")
     assert all(int(c[3]) == 0 for c in expert_load(starved.state.model).values())
     memory = next(d for d in starved.logger.destinations if isinstance(d, InMemoryLogger))
     name = "model.model.layers.1.mlp.experts"
@@ -487,29 +490,32 @@ def test_ep2_x_fsdp2_on_four_ranks(reference_4: dict[str, Any]) -> None:
     assert all(int(c[0]) == 0 for c in expert_load(starved.state.model).values())
 
 
-def _write_losses(folder: str, trainer: Trainer) -> None:
-    """Rank 0 writes the run's logged losses to ``folder/run-ep2.json``."""
+def _write_losses(folder: str, trainer: Trainer, kind: str) -> None:
+    """Rank 0 writes the run's logged losses to ``folder/run-ep2-{kind}.json``."""
     import json
     from pathlib import Path
 
     memory = next(d for d in trainer.logger.destinations if isinstance(d, InMemoryLogger))
     if dist.get_global_rank() == 0:
         losses = [float(v) for _, v in memory.data["loss/train/total"]]
-        Path(folder, "run-ep2.json").write_text(json.dumps(losses))
+        Path(folder, f"run-ep2-{kind}.json").write_text(json.dumps(losses))
     dist.barrier()
 
 
 def _save_ep2(folder: str) -> None:
-    """The plain EP=2 run with its checkpoints alone (when :func:`test_ep2_on_two_ranks` did
-    not run first)."""
+    """The EP=2 runs with their checkpoints alone (when :func:`test_ep2_on_two_ranks` did
+    not run first): plain, sharded; expert 3 starved, full."""
     _, trainer = train(EP2, **_save_kwargs(folder))
-    _write_losses(folder, trainer)
+    _write_losses(folder, trainer, "sharded")
+    _, trainer = train(EP2, starve=3, **_save_kwargs(folder, "full"))
+    _write_losses(folder, trainer, "full")
 
 
 def test_ep2_sharded_checkpoint_resumes_on_one_process(checkpoints: str,
                                                        reference_2: dict[str, Any]) -> None:
     """The EP=2 run's sharded (DCP) checkpoint at step 2, every expert shard in it, resumed
-    on one process: steps 3 to 5 continue the EP=2 run's loss curve; its final checkpoint
+    on one process: steps 3 to 5 continue the EP=2 run's loss curve; so does the starved
+    run's full checkpoint (whole experts, gathered on rank 0); the final sharded checkpoint
     exported to a Hugging Face Mixtral holds one process's weights."""
     import json
     from pathlib import Path
@@ -517,15 +523,17 @@ def test_ep2_sharded_checkpoint_resumes_on_one_process(checkpoints: str,
     from tests.common.distributed import run_in_processes
 
     folder = Path(checkpoints)
-    if not (folder / "run-ep2.json").exists():
-        run_in_processes(2, __file__, "_save_ep2", {"folder": checkpoints}, timeout=240)
-    straight = json.loads((folder / "run-ep2.json").read_text())
-    (step2,) = sorted((folder / "run-ep2").glob("*ba2*"))
-    assert step2.is_dir()
-    losses, _ = train(None, microbatch=GLOBAL_BATCH // 2, load_path=str(step2))
-    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, straight[2:]))
-    print(f"max relative loss diff ep2 -> 1 process: {worst:.2e}", flush=True)
-    assert len(losses) == STEPS - 2 and worst <= REL_TOLERANCE, (losses, straight)
+    if not (folder / "run-ep2-full.json").exists():
+        run_in_processes(2, __file__, "_save_ep2", {"folder": checkpoints}, timeout=300)
+    for kind, starve in (("sharded", None), ("full", 3)):
+        straight = json.loads((folder / f"run-ep2-{kind}.json").read_text())
+        (step2,) = sorted((folder / f"run-ep2-{kind}").glob("*ba2*"))
+        assert step2.is_dir() == (kind == "sharded")
+        losses, _ = train(None, microbatch=GLOBAL_BATCH // 2, starve=starve,
+                          load_path=str(step2))
+        worst = max(abs(a - b) / abs(b) for a, b in zip(losses, straight[2:]))
+        print(f"max relative loss diff ep2 {kind} -> 1 process: {worst:.2e}", flush=True)
+        assert len(losses) == STEPS - 2 and worst <= REL_TOLERANCE, (kind, losses, straight)
 
     # cadence convert --to hf of the final EP=2 checkpoint: whole experts, one process's
     # weights (SGD: the same to rounding)
@@ -533,7 +541,7 @@ def test_ep2_sharded_checkpoint_resumes_on_one_process(checkpoints: str,
 
     from cadence.models.hf_export import to_huggingface
 
-    (final,) = sorted((folder / "run-ep2").glob(f"*ba{STEPS}"))
+    (final,) = sorted((folder / "run-ep2-sharded").glob(f"*ba{STEPS}"))
     hf = MixtralForCausalLM.from_pretrained(str(to_huggingface(final, folder / "hf")))
     expected = {k[len("model."):]: v for k, v in reference_2["plain"]["state"].items()}
     exported = hf.state_dict()
