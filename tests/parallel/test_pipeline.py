@@ -1,0 +1,109 @@
+"""Pipeline parallelism (``parallelism_config.pp``) through the Trainer: every
+``torch.distributed.pipelining`` schedule on 2 gloo ranks gives the single-process loss
+curve of a 4-block GPT-2, PP x FSDP2 on 4 ranks too, and every refusal names its reason."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from cadence import Trainer, dist
+from cadence.loggers import InMemoryLogger
+from cadence.models.gpt import gpt2
+
+STEPS = 3
+GLOBAL_BATCH = 8
+SEQ = 8
+VOCAB = 64
+RTOL = 1e-5  # fp32: the same kernels, only the order of the microbatch sums differs
+
+
+class CountingTokens(Dataset):
+    """Counting sequences from random starts, ``{"input_ids", "labels"}: [SEQ]``."""
+
+    def __init__(self) -> None:
+        gen = torch.Generator().manual_seed(1234)
+        starts = torch.randint(0, VOCAB, (STEPS * GLOBAL_BATCH, 1), generator=gen)
+        self.ids = (starts + torch.arange(SEQ)) % VOCAB
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[index], "labels": self.ids[index]}
+
+
+def tiny_gpt2(**kwargs: Any) -> Any:
+    torch.manual_seed(0)
+    return gpt2(n_layer=4, n_head=2, n_embd=32, vocab_size=VOCAB, max_seq_len=SEQ,
+                tie_word_embeddings=False, **kwargs)
+
+
+def train_losses(parallelism_config: Optional[dict[str, Any]], data_parallel: int = 1,
+                 check_blocks: Optional[set[str]] = None, **trainer_kwargs: Any) -> list[float]:
+    """STEPS AdamW steps of GLOBAL_BATCH samples; the logged loss of each step
+    (``check_blocks``: the block indices this rank must hold)."""
+    model = tiny_gpt2()
+    dataset = CountingTokens()
+    loader = DataLoader(dataset, batch_size=GLOBAL_BATCH // data_parallel,
+                        sampler=dist.get_sampler(dataset, shuffle=False))
+    memory = InMemoryLogger()
+    trainer = Trainer(model=model, train_dataloader=loader, max_duration=f"{STEPS}ba",
+                      optimizers=torch.optim.AdamW(model.parameters(), lr=1e-2),
+                      loggers=[memory], log_interval="1ba", progress_bar=False, seed=0,
+                      parallelism_config=parallelism_config, device="cpu", **trainer_kwargs)
+    if check_blocks is not None:  # the other stages' blocks are gone, names kept
+        names = {n.split(".")[3] for n, _ in trainer.state.model.named_parameters()
+                 if n.startswith("model.transformer.h.")}
+        assert names == check_blocks
+    trainer.fit()
+    trainer.close()
+    losses = [float(value) for _, value in memory.data["loss/train/total"]]
+    assert len(losses) == STEPS
+    return losses
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[float]:
+    """The single-process loss curve (computed once, in this process)."""
+    losses = train_losses(None)
+    assert losses[-1] < losses[0]  # it learns
+    return losses
+
+
+SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
+             "ZBVZeroBubble", "DualPipeV"]
+MULTI = SCHEDULES[2:]  # stages_per_rank defaults to 2
+
+
+@pytest.mark.world_size(2)
+def test_every_schedule_gives_the_single_process_losses(reference: list[float]) -> None:
+    # one pair of processes for all seven (each spawn costs more than its training);
+    # the interleaved and V schedules run 2 stages per rank (4 stages of 1 block)
+    for schedule in SCHEDULES:
+        pp = {"pipeline_parallel_degree": 2, "schedule": schedule, "num_microbatches": 4}
+        rank = dist.get_global_rank()
+        blocks = ({rank, 3 - rank} if schedule in ("ZBVZeroBubble", "DualPipeV")  # a V
+                  else {rank, rank + 2} if schedule in MULTI else {2 * rank, 2 * rank + 1})
+        losses = train_losses({"pp": pp}, check_blocks={str(b) for b in blocks})
+        assert losses == pytest.approx(reference, rel=RTOL), schedule
+
+
+@pytest.mark.world_size(2)
+def test_split_points_and_token_weighting(reference: list[float]) -> None:
+    # an uneven split (1 + 3 blocks) and token-weighted microbatches: the same step
+    pp = {"pipeline_parallel_degree": 2, "microbatch_size": 2,
+          "split_points": ["model.transformer.h.1"]}
+    assert train_losses({"pp": pp}, accumulate_train_batch_on_tokens=True) == pytest.approx(
+        reference, rel=RTOL)
+
+
+@pytest.mark.slow
+@pytest.mark.world_size(4)
+def test_pipeline_with_fsdp2_on_four_ranks(reference: list[float]) -> None:
+    config = {"pp": {"pipeline_parallel_degree": 2, "schedule": "Interleaved1F1B",
+                     "num_microbatches": 2}, "fsdp": {}}
+    assert train_losses(config, data_parallel=2) == pytest.approx(reference, rel=RTOL)
