@@ -107,3 +107,39 @@ def test_pipeline_with_fsdp2_on_four_ranks(reference: list[float]) -> None:
     config = {"pp": {"pipeline_parallel_degree": 2, "schedule": "Interleaved1F1B",
                      "num_microbatches": 2}, "fsdp": {}}
     assert train_losses(config, data_parallel=2) == pytest.approx(reference, rel=RTOL)
+
+
+@pytest.mark.world_size(2)
+def test_what_cannot_run_under_a_pipeline_is_refused_by_name() -> None:
+    from cadence.algorithms import ChannelsLast, GradientClipping
+
+    pp = {"pp": {"pipeline_parallel_degree": 2}}
+    loader = DataLoader(CountingTokens(), batch_size=GLOBAL_BATCH)
+
+    def build(**kwargs: Any) -> Trainer:
+        kwargs.setdefault("parallelism_config", pp)
+        return Trainer(model=tiny_gpt2(), train_dataloader=loader, max_duration="1ba",
+                       progress_bar=False, device="cpu", **kwargs)
+
+    with pytest.raises(ValueError) as info:
+        build(algorithms=[GradientClipping("norm", 1.0), ChannelsLast()],
+              eval_dataloader=loader, device_train_microbatch_size="auto")
+    message = str(info.value)
+    assert "algorithm GradientClipping: not supported under pipeline parallelism: it clips " \
+           "each stage's gradient norm alone" in message
+    assert "algorithm ChannelsLast: not supported under pipeline parallelism" in message
+    assert "eval_dataloader: evaluation is not supported under pipeline parallelism" in message
+    assert "device_train_microbatch_size='auto'" in message
+    trainer = build(parallelism_config={"pp": {"pipeline_parallel_degree": 2,
+                                               "num_microbatches": 3}})
+    with pytest.raises(ValueError, match="batch of 8 samples does not split evenly into "
+                                         r"microbatches \(parallelism_config.pp.num_microbatches"):
+        trainer.fit()
+    with pytest.raises(ValueError, match=r"Trainer.eval\(\) is not supported under pipeline"):
+        trainer.eval(loader)
+    with pytest.raises(ValueError, match=r"Trainer.predict\(\) is not supported under pipeline"):
+        trainer.predict(loader)
+    trainer.close()
+    with pytest.raises(ValueError, match="model on the meta device"):
+        Trainer(model=tiny_gpt2(init_device="meta"), train_dataloader=loader,
+                max_duration="1ba", progress_bar=False, device="cpu", parallelism_config=pp)
