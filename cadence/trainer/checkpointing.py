@@ -35,6 +35,8 @@ def run_saver(callbacks: Sequence[Callback]) -> Any:
 
 
 def _default_format(parallelism_config: Any) -> str:
+    if parallelism_config.pp_degree > 1:  # each rank holds its own stages: DCP only
+        return "sharded"
     fsdp = parallelism_config.fsdp
     return "full" if fsdp is None else fsdp.state_dict_type
 

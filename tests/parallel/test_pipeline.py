@@ -4,6 +4,8 @@ curve of a 4-block GPT-2, PP x FSDP2 on 4 ranks too, and every refusal names its
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Optional
 
 import pytest
@@ -13,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 from cadence import Trainer, dist
 from cadence.loggers import InMemoryLogger
 from cadence.models.gpt import gpt2
+from tests.common.distributed import run_in_processes
 
 STEPS = 3
 GLOBAL_BATCH = 8
@@ -143,3 +146,43 @@ def test_what_cannot_run_under_a_pipeline_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="model on the meta device"):
         Trainer(model=tiny_gpt2(init_device="meta"), train_dataloader=loader,
                 max_duration="1ba", progress_bar=False, device="cpu", parallelism_config=pp)
+
+
+def _save_pipeline_run(folder: str) -> None:
+    """PP=2 (1F1B) for STEPS steps with a sharded checkpoint after step 2; rank 0 writes the
+    uninterrupted losses to ``folder/losses.json``."""
+    model = tiny_gpt2()
+    dataset = CountingTokens()
+    loader = DataLoader(dataset, batch_size=GLOBAL_BATCH,
+                        sampler=dist.get_sampler(dataset, shuffle=False))
+    memory = InMemoryLogger()
+    trainer = Trainer(model=model, train_dataloader=loader, max_duration=f"{STEPS}ba",
+                      optimizers=torch.optim.AdamW(model.parameters(), lr=1e-2),
+                      loggers=[memory], log_interval="1ba", progress_bar=False, seed=0,
+                      parallelism_config={"pp": {"pipeline_parallel_degree": 2}},
+                      device="cpu", save_folder=f"{folder}/run", save_interval="2ba")
+    trainer.fit()
+    trainer.close()
+    if dist.get_global_rank() == 0:
+        losses = [float(v) for _, v in memory.data["loss/train/total"]]
+        Path(folder, "losses.json").write_text(json.dumps(losses))
+    dist.barrier()
+
+
+def test_a_pipeline_checkpoint_resumes_on_one_process(tmp_path: Path) -> None:
+    run_in_processes(2, __file__, "_save_pipeline_run", {"folder": str(tmp_path)}, timeout=300)
+    expected = json.loads((tmp_path / "losses.json").read_text())
+    step2 = sorted((tmp_path / "run").glob("*ba2*"))
+    assert len(step2) == 1 and step2[0].is_dir()  # a DCP folder holding both stages
+    model = tiny_gpt2()
+    loader = DataLoader(CountingTokens(), batch_size=GLOBAL_BATCH)
+    memory = InMemoryLogger()
+    trainer = Trainer(model=model, train_dataloader=loader, max_duration=f"{STEPS}ba",
+                      optimizers=torch.optim.AdamW(model.parameters(), lr=1e-2),
+                      loggers=[memory], log_interval="1ba", progress_bar=False, seed=0,
+                      device="cpu", load_path=str(step2[0]))
+    assert int(trainer.state.timestamp.batch) == 2
+    trainer.fit()
+    trainer.close()
+    resumed = [float(v) for _, v in memory.data["loss/train/total"]]
+    assert resumed == pytest.approx(expected[2:], rel=RTOL)
