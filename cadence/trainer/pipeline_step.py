@@ -17,7 +17,8 @@ per batch (the schedule interleaves the microbatches' forwards and backwards); t
 
 Refused at ``INIT`` (:func:`check_pipeline_run`), each with its reason: the algorithms
 (:data:`ALGORITHM_REASONS`), train metrics, evaluators, ``'auto'`` microbatching,
-optimizers with a closure, ``amp_fp16``; and :func:`refuse` for ``eval()`` / ``predict()``.
+optimizers with a closure, ``amp_fp16``; and :func:`refuse` for ``eval()``, ``predict()``,
+``fit(eval_dataloader=...)`` and ``export_for_inference()``.
 
 Source: torchtitan's ``forward_backward_step`` under PP (``torchtitan/train.py``).
 """
@@ -105,15 +106,15 @@ class PipelineStep:
         pipeline: this rank's :class:`~cadence.parallel.pipeline.Pipeline`.
         state / engine: the run's.
         weighting: the run's loss weighting (its ``begin_batch`` ran for the batch).
-        microbatch_size: the Trainer's ``device_train_microbatch_size`` (an int or None):
-            the pipeline's microbatch size when ``pp`` sets neither microbatch key.
+
+    The state's ``device_train_microbatch_size`` (an int or None) is the pipeline's
+    microbatch size when ``pp`` sets neither microbatch key.
     """
 
     def __init__(self, pipeline: Pipeline, state: State, engine: Engine,
-                 weighting: LossWeighting, microbatch_size: Optional[int]) -> None:
+                 weighting: LossWeighting) -> None:
         self.pipeline, self.state, self.engine = pipeline, state, engine
         self._weighting = weighting
-        self._trainer_microbatch = microbatch_size
         self._microbatches: list[Any] = []
         self._shape: Optional[tuple[int, ...]] = None
         self._num_microbatches: Optional[int] = None
@@ -128,7 +129,7 @@ class PipelineStep:
         if config.num_microbatches is not None:
             count, how = config.num_microbatches, f"{_KEY}.num_microbatches"
         else:
-            size = config.microbatch_size or self._trainer_microbatch
+            size = config.microbatch_size or self.state.device_train_microbatch_size
             if size is not None:
                 how = (f"{_KEY}.microbatch_size" if config.microbatch_size
                        else "device_train_microbatch_size")

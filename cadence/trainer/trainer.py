@@ -289,7 +289,7 @@ class Trainer:
         if self._pipeline_parts is not None:
             check_pipeline_run(self.state, auto_microbatching)
             self._pipeline = PipelineStep(self._pipeline_parts, self.state, self.engine,
-                                          self._weighting, microbatch_size)
+                                          self._weighting)
         self.engine.run_event(Event.BEFORE_LOAD)
         loaded = load_at_start(  # autoresume or load_path; a remote one downloaded, then removed
             self.state, self._run_folder,
@@ -434,6 +434,8 @@ class Trainer:
     def _apply_fit(self, changes: FitChanges) -> None:
         """Make what ``fit()``'s arguments change: the state's, then the Trainer's own."""
         check_precision(changes.precision or "fp32", self.state.device)
+        if self._pipeline is not None and changes.evaluators is not None:
+            refuse("fit(eval_dataloader=...)")
         if changes.train_dataloader is not None:  # the sampler counts data-parallel ranks
             self._train_spec = changes.train_data_spec
             check_distributed_sampler(changes.train_dataloader, "train_dataloader", self._dp_size)
@@ -496,6 +498,8 @@ class Trainer:
         the model (a batch); for ONNX it defaults to the last training batch."""
         from cadence.utils.inference import export_with_logger
 
+        if self._pipeline is not None:
+            refuse("Trainer.export_for_inference()")
         if sample_input is None and str(getattr(save_format, "value", save_format)) == "onnx":
             sample_input = self.state.batch
         export_with_logger(self._module, save_format, save_path, self.logger,

@@ -45,11 +45,25 @@ def tiny_gpt2(**kwargs: Any) -> Any:
                 tie_word_embeddings=False, **kwargs)
 
 
+def tiny_llama() -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from cadence.models.huggingface import HuggingFaceModel
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=SEQ, tie_word_embeddings=False)
+    return HuggingFaceModel(LlamaForCausalLM(config))
+
+
 def train_losses(parallelism_config: Optional[dict[str, Any]], data_parallel: int = 1,
-                 check_blocks: Optional[set[str]] = None, **trainer_kwargs: Any) -> list[float]:
+                 check_blocks: Optional[set[str]] = None, build: Any = tiny_gpt2,
+                 inspect: Any = None, **trainer_kwargs: Any) -> list[float]:
     """STEPS AdamW steps of GLOBAL_BATCH samples; the logged loss of each step
-    (``check_blocks``: the block indices this rank must hold)."""
-    model = tiny_gpt2()
+    (``check_blocks``: the GPT-2 block indices this rank must hold; ``inspect``: called with
+    the Trainer before it trains)."""
+    model = build()
     dataset = CountingTokens()
     loader = DataLoader(dataset, batch_size=GLOBAL_BATCH // data_parallel,
                         sampler=dist.get_sampler(dataset, shuffle=False))
@@ -62,6 +76,8 @@ def train_losses(parallelism_config: Optional[dict[str, Any]], data_parallel: in
         names = {n.split(".")[3] for n, _ in trainer.state.model.named_parameters()
                  if n.startswith("model.transformer.h.")}
         assert names == check_blocks
+    if inspect is not None:
+        inspect(trainer)
     trainer.fit()
     trainer.close()
     losses = [float(value) for _, value in memory.data["loss/train/total"]]
@@ -77,6 +93,12 @@ def reference() -> list[float]:
     return losses
 
 
+@pytest.fixture(scope="module")
+def llama_reference() -> list[float]:
+    """A tiny Hugging Face Llama's single-process loss curve."""
+    return train_losses(None, build=tiny_llama)
+
+
 SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
              "ZBVZeroBubble", "DualPipeV"]
 MULTI = SCHEDULES[2:]  # stages_per_rank defaults to 2
@@ -84,7 +106,7 @@ MULTI = SCHEDULES[2:]  # stages_per_rank defaults to 2
 
 @pytest.mark.world_size(2)
 def test_every_schedule_and_split_gives_the_single_process_losses(
-        reference: list[float]) -> None:
+        reference: list[float], llama_reference: list[float]) -> None:
     # one pair of processes for all seven (each spawn costs more than its training);
     # the interleaved and V schedules run 2 stages per rank (4 stages of 1 block)
     for schedule in SCHEDULES:
@@ -100,22 +122,34 @@ def test_every_schedule_and_split_gives_the_single_process_losses(
     losses = train_losses({"pp": pp}, accumulate_train_batch_on_tokens=True,
                           check_blocks={"0"} if dist.get_global_rank() == 0 else {"1", "2", "3"})
     assert losses == pytest.approx(reference, rel=RTOL)
+    # a Hugging Face Llama (model.layers, rotary embeddings) split evenly without help
+    losses = train_losses({"pp": {"pipeline_parallel_degree": 2}}, build=tiny_llama)
+    assert losses == pytest.approx(llama_reference, rel=RTOL)
 
 
 @pytest.mark.slow
 @pytest.mark.world_size(4)
 def test_pipeline_with_fsdp2_on_four_ranks(reference: list[float]) -> None:
+    from torch.distributed.tensor import DTensor
+
+    def sharded(trainer: Trainer) -> None:  # each stage's parameters sharded over 2 ranks
+        params = list(trainer.state.model.parameters())
+        assert params and all(isinstance(p, DTensor) and p.device_mesh.size() == 2
+                              for p in params)
+
     config = {"pp": {"pipeline_parallel_degree": 2, "schedule": "Interleaved1F1B",
                      "num_microbatches": 2}, "fsdp": {}}
-    assert train_losses(config, data_parallel=2) == pytest.approx(reference, rel=RTOL)
+    assert train_losses(config, data_parallel=2, inspect=sharded) == pytest.approx(
+        reference, rel=RTOL)
 
 
 @pytest.mark.world_size(2)
-def test_what_cannot_run_under_a_pipeline_is_refused_by_name() -> None:
+def test_what_cannot_run_under_a_pipeline_is_refused_by_name(tmp_path: Path) -> None:
     from cadence.algorithms import ChannelsLast, GradientClipping
 
     pp = {"pp": {"pipeline_parallel_degree": 2}}
     loader = DataLoader(CountingTokens(), batch_size=GLOBAL_BATCH)
+    folder = tmp_path / f"rank{dist.get_global_rank()}"
 
     def build(**kwargs: Any) -> Trainer:
         kwargs.setdefault("parallelism_config", pp)
@@ -140,7 +174,12 @@ def test_what_cannot_run_under_a_pipeline_is_refused_by_name() -> None:
         trainer.eval(loader)
     with pytest.raises(ValueError, match=r"Trainer.predict\(\) is not supported under pipeline"):
         trainer.predict(loader)
+    with pytest.raises(ValueError, match=r"fit\(eval_dataloader=...\) is not supported"):
+        trainer.fit(eval_dataloader=loader)
     trainer.close()
+    with pytest.raises(ValueError, match="save_state_dict_type='full' under pipeline "
+                                         "parallelism"):
+        build(save_folder=str(folder), save_state_dict_type="full")
     with pytest.raises(ValueError, match="model on the meta device"):
         Trainer(model=tiny_gpt2(init_device="meta"), train_dataloader=loader,
                 max_duration="1ba", progress_bar=False, device="cpu", parallelism_config=pp)
