@@ -15,7 +15,7 @@ import torch
 
 from cadence.utils.dtensor import full_tensor
 
-__all__ = ["get_grad_norm", "get_param_norm"]
+__all__ = ["get_grad_norm", "get_param_norm", "clip_grad_norm_over_pipeline"]
 
 
 def _total_norm(tensors: list[torch.Tensor], norm_type: float) -> torch.Tensor:
@@ -32,6 +32,32 @@ def get_grad_norm(parameters: Iterable[torch.nn.Parameter], norm_type: float = 2
         norm_type: the p of the p-norm; ``inf`` for the max-norm. Default 2.
     """
     return _total_norm([p.grad for p in parameters if p.grad is not None], norm_type)
+
+
+def clip_grad_norm_over_pipeline(parameters: Iterable[torch.nn.Parameter], max_norm: float,
+                                 group: object, norm_type: float = 2.0) -> torch.Tensor:
+    """Clip the gradients of this rank's pipeline stages by the norm of the whole model's:
+    each stage's norm (reduced over its data-parallel mesh) combined over the pipeline's
+    ranks ``group`` (one all-reduce), then every gradient scaled by
+    ``min(1, max_norm / total)`` (``torch.nn.utils.clip_grads_with_norm_``).
+
+    Returns:
+        The whole model's gradient norm before clipping (a 0-d tensor, same on every rank).
+
+    Source: torchtitan's ``clip_grad_norm_`` under pipeline parallelism.
+    """
+    import torch.distributed as torch_dist
+
+    params = [p for p in parameters if p.grad is not None]
+    total = get_grad_norm(params, norm_type).to(params[0].grad.device if params else "cpu")
+    if norm_type == float("inf"):
+        torch_dist.all_reduce(total, op=torch_dist.ReduceOp.MAX, group=group)
+    else:
+        total = total ** norm_type
+        torch_dist.all_reduce(total, group=group)
+        total = total ** (1.0 / norm_type)
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
 
 
 def get_param_norm(parameters: Iterable[torch.nn.Parameter], norm_type: float = 2.0) -> torch.Tensor:

@@ -16,7 +16,7 @@ per batch (the schedule interleaves the microbatches' forwards and backwards); t
 ``state.outputs`` is None and ``state.loss`` the batch's loss, already backpropagated.
 
 Refused at ``INIT`` (:func:`check_pipeline_run`), each with its reason: the algorithms
-(:data:`ALGORITHM_REASONS`), train metrics, evaluators, ``'auto'`` microbatching,
+but :data:`PIPELINE_ALGORITHMS` (:data:`ALGORITHM_REASONS`), train metrics, evaluators, ``'auto'`` microbatching,
 optimizers with a closure, ``amp_fp16``; and :func:`refuse` for ``eval()``, ``predict()``,
 ``fit(eval_dataloader=...)`` and ``export_for_inference()``.
 
@@ -34,15 +34,14 @@ from cadence.core.data_spec import DataSpec, num_samples
 from cadence.parallel.pipeline import Pipeline, build_schedule
 from cadence.trainer.loss_weighting import LossWeighting
 
-__all__ = ["PipelineStep", "check_pipeline_run", "refuse", "ALGORITHM_REASONS"]
+__all__ = ["PipelineStep", "check_pipeline_run", "refuse", "ALGORITHM_REASONS",
+           "PIPELINE_ALGORITHMS"]
 
 _KEY = "parallelism_config.pp"
 
 _GENERIC = ("it acts on the whole model or on each microbatch's forward, loss or backward, "
             "which a pipeline splits over ranks and schedules; remove it or train without pp")
 ALGORITHM_REASONS = {
-    "GradientClipping": "it clips each stage's gradient norm alone; the norm over the whole "
-                        "model needs a reduction over the pipeline ranks",
     "EMA": "it averages the whole model's weights, which no single rank holds",
     "SWA": "it averages the whole model's weights, which no single rank holds",
     "SAM": "it re-runs forward and backward through an optimizer closure, outside the schedule",
@@ -53,6 +52,8 @@ ALGORITHM_REASONS = {
                        "for one activation shape",
 }
 """Why an algorithm cannot run under a pipeline (by class name); others: a generic reason."""
+PIPELINE_ALGORITHMS = frozenset({"GradientClipping"})
+"""Algorithms that run under a pipeline (gradient clipping: by the whole model's norm)."""
 
 
 def refuse(what: str) -> None:
@@ -75,6 +76,8 @@ def check_pipeline_run(state: State, auto_microbatching: bool) -> None:
     problems = []
     for algorithm in state.algorithms:
         name = type(algorithm).__name__
+        if name in PIPELINE_ALGORITHMS:
+            continue
         problems.append(f"algorithm {name}: not supported under pipeline parallelism: "
                         f"{ALGORITHM_REASONS.get(name, _GENERIC)}.")
     if state.train_metrics:

@@ -360,15 +360,14 @@ class Trainer:
         if state.parallel_dims.pp_enabled:  # stages split, then each parallelized
             self._pipeline_parts = parallelize_pipeline(module, plan)
             state.model = self._module = self._pipeline_parts.model  # this rank's modules
-            for optimizer in optimizers:
+            for optimizer in optimizers:  # this rank's stages' parameters only
                 restrict_optimizer(optimizer, names, self._module)
         else:
             state.model = parallelize(module, plan)
             self._module = unwrap_model(state.model)
-        if self._pipeline_parts is None and any(id(p) not in names
-                                                for p in self._module.parameters()):
-            for optimizer in optimizers:
-                remap_optimizer_params(optimizer, names, self._module)
+            if any(id(p) not in names for p in self._module.parameters()):
+                for optimizer in optimizers:
+                    remap_optimizer_params(optimizer, names, self._module)
         self._align_eval_samplers()
 
     def _align_eval_samplers(self) -> None:

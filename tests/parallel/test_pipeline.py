@@ -59,8 +59,8 @@ def tiny_llama() -> Any:
 
 def train_losses(parallelism_config: Optional[dict[str, Any]], data_parallel: int = 1,
                  check_blocks: Optional[set[str]] = None, build: Any = tiny_gpt2,
-                 inspect: Any = None, **trainer_kwargs: Any) -> list[float]:
-    """STEPS AdamW steps of GLOBAL_BATCH samples; the logged loss of each step
+                 inspect: Any = None, sgd: bool = False, **trainer_kwargs: Any) -> list[float]:
+    """STEPS AdamW (or SGD) steps of GLOBAL_BATCH samples; the logged loss of each step
     (``check_blocks``: the GPT-2 block indices this rank must hold; ``inspect``: called with
     the Trainer before it trains)."""
     model = build()
@@ -69,7 +69,8 @@ def train_losses(parallelism_config: Optional[dict[str, Any]], data_parallel: in
                         sampler=dist.get_sampler(dataset, shuffle=False))
     memory = InMemoryLogger()
     trainer = Trainer(model=model, train_dataloader=loader, max_duration=f"{STEPS}ba",
-                      optimizers=torch.optim.AdamW(model.parameters(), lr=1e-2),
+                      optimizers=(torch.optim.SGD(model.parameters(), lr=0.5) if sgd else
+                                  torch.optim.AdamW(model.parameters(), lr=1e-2)),
                       loggers=[memory], log_interval="1ba", progress_bar=False, seed=0,
                       parallelism_config=parallelism_config, device="cpu", **trainer_kwargs)
     if check_blocks is not None:  # the other stages' blocks are gone, names kept
@@ -94,6 +95,18 @@ def reference() -> list[float]:
 
 
 @pytest.fixture(scope="module")
+def clipped_reference() -> list[float]:
+    """Single-process SGD loss curves without and with gradient clipping at a norm it
+    reaches (SGD: AdamW would hide a per-stage scale)."""
+    from cadence.algorithms import GradientClipping
+
+    plain = train_losses(None, sgd=True)
+    clipped = train_losses(None, sgd=True, algorithms=[GradientClipping("norm", 0.05)])
+    assert clipped[1:] != pytest.approx(plain[1:], rel=1e-3)  # the clipping bites
+    return clipped
+
+
+@pytest.fixture(scope="module")
 def llama_reference() -> list[float]:
     """A tiny Hugging Face Llama's single-process loss curve."""
     return train_losses(None, build=tiny_llama)
@@ -106,7 +119,10 @@ MULTI = SCHEDULES[2:]  # stages_per_rank defaults to 2
 
 @pytest.mark.world_size(2)
 def test_every_schedule_and_split_gives_the_single_process_losses(
-        reference: list[float], llama_reference: list[float]) -> None:
+        reference: list[float], llama_reference: list[float],
+        clipped_reference: list[float]) -> None:
+    from cadence.algorithms import GradientClipping
+
     # one pair of processes for all seven (each spawn costs more than its training);
     # the interleaved and V schedules run 2 stages per rank (4 stages of 1 block)
     for schedule in SCHEDULES:
@@ -125,6 +141,10 @@ def test_every_schedule_and_split_gives_the_single_process_losses(
     # a Hugging Face Llama (model.layers, rotary embeddings) split evenly without help
     losses = train_losses({"pp": {"pipeline_parallel_degree": 2}}, build=tiny_llama)
     assert losses == pytest.approx(llama_reference, rel=RTOL)
+    # gradient clipping by the whole model's norm (both stages' gradients combined)
+    losses = train_losses({"pp": {"pipeline_parallel_degree": 2}}, sgd=True,
+                          algorithms=[GradientClipping("norm", 0.05)])
+    assert losses == pytest.approx(clipped_reference, rel=RTOL)
 
 
 @pytest.mark.slow
@@ -145,7 +165,7 @@ def test_pipeline_with_fsdp2_on_four_ranks(reference: list[float]) -> None:
 
 @pytest.mark.world_size(2)
 def test_what_cannot_run_under_a_pipeline_is_refused_by_name(tmp_path: Path) -> None:
-    from cadence.algorithms import ChannelsLast, GradientClipping
+    from cadence.algorithms import EMA, ChannelsLast
 
     pp = {"pp": {"pipeline_parallel_degree": 2}}
     loader = DataLoader(CountingTokens(), batch_size=GLOBAL_BATCH)
@@ -157,11 +177,11 @@ def test_what_cannot_run_under_a_pipeline_is_refused_by_name(tmp_path: Path) -> 
                        progress_bar=False, device="cpu", **kwargs)
 
     with pytest.raises(ValueError) as info:
-        build(algorithms=[GradientClipping("norm", 1.0), ChannelsLast()],
+        build(algorithms=[EMA(), ChannelsLast()],
               eval_dataloader=loader, device_train_microbatch_size="auto")
     message = str(info.value)
-    assert "algorithm GradientClipping: not supported under pipeline parallelism: it clips " \
-           "each stage's gradient norm alone" in message
+    assert "algorithm EMA: not supported under pipeline parallelism: it averages the whole " \
+           "model's weights" in message
     assert "algorithm ChannelsLast: not supported under pipeline parallelism" in message
     assert "eval_dataloader: evaluation is not supported under pipeline parallelism" in message
     assert "device_train_microbatch_size='auto'" in message
