@@ -85,7 +85,7 @@ class Trainer:
       :class:`~cadence.checkpoint.checkpoint_config.CheckpointConfig`;
     - preemption (``preemption_signals``, ``preemption_timeout``, ``requeue``):
       :class:`~cadence.trainer.preemption.PreemptionConfig`;
-    - ``parallelism_config`` (``{"fsdp": {...}, "tp": {...}}`` or a
+    - ``parallelism_config`` (``{"fsdp": {...}, "tp": {...}, "pp": {...}}`` or a
       :class:`~cadence.parallel.ParallelismConfig`) and ``compile_config`` (a dict or a
       :class:`~cadence.parallel.compile.CompileConfig`), applied by the parallelize plan
       (:mod:`cadence.parallel.plan`).
