@@ -205,9 +205,7 @@ def test_what_cannot_run_under_a_pipeline_is_refused_by_name(tmp_path: Path) -> 
                 max_duration="1ba", progress_bar=False, device="cpu", parallelism_config=pp)
 
 
-def _save_pipeline_run(folder: str) -> None:
-    """PP=2 (1F1B) for STEPS steps with a sharded checkpoint after step 2; rank 0 writes the
-    uninterrupted losses to ``folder/losses.json``."""
+def _pipeline_run(**kwargs: Any) -> list[float]:
     model = tiny_gpt2()
     dataset = CountingTokens()
     loader = DataLoader(dataset, batch_size=GLOBAL_BATCH,
@@ -217,16 +215,25 @@ def _save_pipeline_run(folder: str) -> None:
                       optimizers=torch.optim.AdamW(model.parameters(), lr=1e-2),
                       loggers=[memory], log_interval="1ba", progress_bar=False, seed=0,
                       parallelism_config={"pp": {"pipeline_parallel_degree": 2}},
-                      device="cpu", save_folder=f"{folder}/run", save_interval="2ba")
+                      device="cpu", **kwargs)
     trainer.fit()
     trainer.close()
+    return [float(v) for _, v in memory.data["loss/train/total"]]
+
+
+def _save_pipeline_run(folder: str) -> None:
+    """PP=2 (1F1B) for STEPS steps with a sharded checkpoint after step 2, then resumed on
+    PP=2 from it; rank 0 writes the uninterrupted losses to ``folder/losses.json``."""
+    losses = _pipeline_run(save_folder=f"{folder}/run", save_interval="2ba")
     if dist.get_global_rank() == 0:
-        losses = [float(v) for _, v in memory.data["loss/train/total"]]
         Path(folder, "losses.json").write_text(json.dumps(losses))
     dist.barrier()
+    step2 = sorted(Path(folder, "run").glob("*ba2*"))
+    assert len(step2) == 1
+    assert _pipeline_run(load_path=str(step2[0])) == pytest.approx(losses[2:], rel=RTOL)
 
 
-def test_a_pipeline_checkpoint_resumes_on_one_process(tmp_path: Path) -> None:
+def test_a_pipeline_checkpoint_resumes_on_pp2_and_on_one_process(tmp_path: Path) -> None:
     run_in_processes(2, __file__, "_save_pipeline_run", {"folder": str(tmp_path)}, timeout=300)
     expected = json.loads((tmp_path / "losses.json").read_text())
     step2 = sorted((tmp_path / "run").glob("*ba2*"))
