@@ -59,7 +59,8 @@ PLUGIN_PACKAGES = ("cadence.algorithms", "cadence.callbacks", "cadence.loggers",
 #: level (their function-local imports of torch run in the second stage or at use).
 STANDARD_LIBRARY_ONLY = ("cadence._lazy", "cadence._version", "cadence.registry",
                          "cadence.parallel.config", "cadence.parallel.compile_config",
-                         "cadence.parallel.tp_styles", "cadence.launch.slurm",
+                         "cadence.parallel.tp_styles", "cadence.parallel.pipeline_config",
+                         "cadence.launch.slurm",
                          "cadence.launch.restarts")
 
 

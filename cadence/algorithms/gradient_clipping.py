@@ -114,6 +114,10 @@ def _parse_type(clipping_type: str) -> ClippingType:
 class GradientClipping(Algorithm):
     """Clips gradients at ``AFTER_TRAIN_BATCH``, when they are final for the step.
 
+    Under pipeline parallelism ``norm`` clips by the whole model's norm (each rank's stages
+    combined over the pipeline ranks); ``value`` and ``adaptive`` act per entry and per
+    unit, so each rank clips its own.
+
     Args:
         clipping_type: ``"norm"`` (default), ``"value"`` or ``"adaptive"`` (AGC).
         clipping_threshold: max total L2 norm, max absolute entry, or max ratio of a
@@ -137,6 +141,13 @@ class GradientClipping(Algorithm):
         return event == Event.AFTER_TRAIN_BATCH
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
+        dims = state.parallel_dims
+        if self.clipping_type == "norm" and dims is not None and dims.pp_enabled:
+            # this rank holds some stages: the norm is the whole model's, over the pipeline
+            params = [p for p in state.model.parameters() if p.requires_grad]
+            clip_grad_norm_(params, self.clipping_threshold,
+                            pipeline_group=dims.pipeline_group())
+            return
         apply_gradient_clipping(
             state.model, self.clipping_type, self.clipping_threshold
         )

@@ -622,9 +622,13 @@ def _load_sharded(state: State, path: Path, weights_only: bool, strict: bool,
     reader = SafeFileSystemReader(str(path))
     model_sds = {frozen: model_state_dict(state.model, StateDictOptions(
         ignore_frozen_params=not frozen)) for frozen in (True, False)}
+    shapes = {k: shapes_of(v) for k, v in model_sds.items()}
+    dims = getattr(state, "parallel_dims", None)
+    if dims is not None and dims.pp_enabled:  # each rank holds its stages: the model is all
+        shapes = {k: {key: shape for part in dist.all_gather_object(v)  # ranks' keys together
+                      for key, shape in part.items()} for k, v in shapes.items()}
     extra = _all_ranks(lambda: _read_sharded_parts(
-        reader, path, checksums, require, {k: shapes_of(v) for k, v in model_sds.items()},
-        strict, ignore_keys, state.model))
+        reader, path, checksums, require, shapes, strict, ignore_keys, state.model))
     adapters = bool(extra["metadata"].get(METADATA_KEY))
     model_sd = model_sds[not adapters]
     template: dict[str, Any] = {"model": _drop_ignored(model_sd, "model", ignore_keys)}
@@ -637,6 +641,12 @@ def _load_sharded(state: State, path: Path, weights_only: bool, strict: bool,
                      if v and not _ignored(f"{kind}/{k}", ignore_keys)}
             if named:
                 template[kind] = named
+    # under a pipeline each rank's param_groups name its own stages' parameters, but DCP
+    # keeps one copy of a non-tensor entry: the groups' hyperparameters are read, the
+    # parameters each group holds stay this rank's
+    local_groups = ({i: [list(g["params"]) for g in sd["param_groups"]]
+                     for i, sd in template.get("optimizers", {}).items()}
+                    if dims is not None and dims.pp_enabled else {})
     try:
         with _single_process_dcp():
             dcp.load(template, storage_reader=reader, no_dist=not dist.is_initialized(),
@@ -649,6 +659,9 @@ def _load_sharded(state: State, path: Path, weights_only: bool, strict: bool,
     set_model_state_dict(state.model, template["model"],
                          options=_options(False, strict=strict and not ignore_keys
                                           and not adapters))
+    for i, groups in local_groups.items():
+        for group, params in zip(template["optimizers"][i]["param_groups"], groups):
+            group["params"] = params
     if not weights_only:
         for i, optimizer in enumerate(state.optimizers):
             if "optimizers" in template:

@@ -79,6 +79,12 @@ class Event(str, Enum):
             PREDICT_BATCH_END
         PREDICT_END
 
+    Under pipeline parallelism (``parallelism_config.pp``) the schedule interleaves the
+    microbatches' forwards and backwards in one call, so ``BEFORE_FORWARD`` fires once per
+    batch before it, and ``AFTER_FORWARD`` ... ``AFTER_BACKWARD`` once per batch after it, on
+    every rank: ``state.outputs`` is then None and ``state.loss`` the batch's loss, already
+    backpropagated (:mod:`cadence.trainer.pipeline_step`).
+
     A :class:`~cadence.Callback` has one method per event, named after its value
     (``Event.BATCH_END`` -> ``Callback.batch_end``).
     """

@@ -1,6 +1,7 @@
 """Parallelism, applied from outside the model: ``parallelize(model, plan)`` (in
 :mod:`.plan`) runs activation checkpointing, compile, tensor parallelism, then FSDP2 or
-DDP; single process, DDP, FSDP2 and FSDP2 x TP are one path.
+DDP; single process, DDP, FSDP2 and FSDP2 x TP are one path. Pipeline parallelism
+(:mod:`.pipeline`) splits the model into stages first and runs that path per stage.
 
 Names are imported on first use (:mod:`cadence._lazy`), so the run-file check can read
 :mod:`cadence.parallel.config` (the typed ``parallelism_config``),
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from cadence.parallel.config import (
-        EPConfig, FSDPConfig, ParallelismConfig, TPConfig, parse_parallelism_config,
+        EPConfig, FSDPConfig, ParallelismConfig, PPConfig, TPConfig, parse_parallelism_config,
     )
     from cadence.parallel.fsdp import plan_fsdp_units
     from cadence.parallel.mesh import mesh_shape
@@ -29,14 +30,15 @@ if TYPE_CHECKING:
     from cadence.utils.misc import unwrap_model
 
 __all__ = [
-    "FSDPConfig", "TPConfig", "EPConfig", "ParallelismConfig", "ParallelPlan", "parse_parallelism_config",
+    "FSDPConfig", "TPConfig", "EPConfig", "PPConfig", "ParallelismConfig", "ParallelPlan",
+    "parse_parallelism_config",
     "parallelize", "build_mesh", "mesh_shape", "ParallelDims",
     "plan_fsdp_units", "unwrap_model", "is_fsdp", "remap_optimizer_params", "is_shard_placement",
 ]
 
 _config, _mesh = "cadence.parallel.config", "cadence.parallel.mesh"
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "FSDPConfig": _config, "TPConfig": _config, "EPConfig": _config,
+    "FSDPConfig": _config, "TPConfig": _config, "EPConfig": _config, "PPConfig": _config,
     "ParallelismConfig": _config,
     "parse_parallelism_config": _config, "plan_fsdp_units": "cadence.parallel.fsdp",
     "build_mesh": "cadence.parallel.parallel_dims", "mesh_shape": _mesh,

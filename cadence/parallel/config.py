@@ -35,6 +35,10 @@ tensor parallelism on the mesh's innermost ``tp`` dimension, applied before FSDP
 ``ep`` -> :class:`EPConfig` (``expert_parallel_degree``): each mixture-of-experts block's
 experts split over ``ep`` ranks taken from the fsdp shard ranks, tokens sent to their
 experts with all-to-all (see :mod:`cadence.parallel.expert_parallel`).
+``pp`` -> :class:`~cadence.parallel.pipeline_config.PPConfig` (``pipeline_parallel_degree``,
+``schedule``, ``microbatch_size`` / ``num_microbatches``, ``split_points``,
+``stages_per_rank``): pipeline parallelism on the mesh's outermost ``pp`` dimension (see
+:mod:`cadence.parallel.pipeline`).
 
 Sources: PyTorch FSDP2 docs (``torch.distributed.fsdp.fully_shard``), Composer's
 ``FSDPConfig`` and ``TPConfig`` (``composer/utils/parallelism.py``), Accelerate's
@@ -47,11 +51,12 @@ import copy
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional, Union
 
+from cadence.parallel.pipeline_config import PPConfig, pp_values
 from cadence.parallel.tp_styles import tp_style_problem
 from cadence.registry.errors import ConfigError, ConfigProblem, did_you_mean
 
 __all__ = [
-    "FSDPConfig", "TPConfig", "EPConfig", "ParallelismConfig", "ShardingStrategy",
+    "FSDPConfig", "TPConfig", "EPConfig", "PPConfig", "ParallelismConfig", "ShardingStrategy",
     "parse_parallelism_config",
     "check_parallelism_config", "layer_plan_problems",
     "SHARDING_STRATEGIES", "SYNC_GRADIENTS", "REFUSED_KEYS",
@@ -259,19 +264,20 @@ class EPConfig:
 _TP_REFUSED_KEYS = {
     "device_mesh": "the mesh is built from tensor_parallel_degree and the fsdp degrees; set "
                    "tensor_parallel_degree instead.",
-    "pipeline_parallel_degree": "pipeline parallelism is not supported.",
+    "pipeline_parallel_degree": "set it under parallelism_config.pp.",
 }
 
 
 @dataclass
 class ParallelismConfig:
     """``parallelism_config``: ``fsdp`` (an :class:`FSDPConfig`), ``tp`` (a
-    :class:`TPConfig`), ``ep`` (an :class:`EPConfig`, with ``fsdp``); none: DDP when the
-    world size is above 1, else a single process."""
+    :class:`TPConfig`), ``ep`` (an :class:`EPConfig`, with ``fsdp``) and/or ``pp`` (a
+    :class:`PPConfig`); none: DDP when the world size is above 1, else a single process."""
 
     fsdp: Optional[FSDPConfig] = field(default=None)
     tp: Optional[TPConfig] = field(default=None)
     ep: Optional[EPConfig] = field(default=None)
+    pp: Optional[PPConfig] = field(default=None)
 
     def __post_init__(self) -> None:
         """Check the sections: each is an :class:`FSDPConfig` / :class:`TPConfig` (checked when
@@ -298,6 +304,12 @@ class ParallelismConfig:
             _problem(problems, f"{_PREFIX}.ep",
                      f"{self.ep!r} must be an EPConfig, a dict like {{expert_parallel_degree: "
                      f"2}} or None.")
+        if isinstance(self.pp, Mapping):
+            self.pp = _parse_pp(self.pp, f"{_PREFIX}.pp", problems)
+        elif self.pp is not None and not isinstance(self.pp, PPConfig):
+            _problem(problems, f"{_PREFIX}.pp",
+                     f"{self.pp!r} must be a PPConfig, a dict like {{pipeline_parallel_degree: "
+                     f"2}} or None.")
         _raise(problems)
 
     @property
@@ -310,16 +322,21 @@ class ParallelismConfig:
         """Ranks each MoE block's experts are split over (1: no expert parallelism)."""
         return self.ep.expert_parallel_degree if self.ep is not None else 1
 
+    @property
+    def pp_degree(self) -> int:
+        """Pipeline ranks (1: no pipeline parallelism)."""
+        return self.pp.pipeline_parallel_degree if self.pp is not None else 1
+
     def to_dict(self) -> dict[str, Any]:
         """The settings as a run file would write them (the run's ``hyperparameters``):
-        ``fsdp``, ``tp`` and ``ep`` when set, each with the keys whose values differ from the
+        ``fsdp``, ``tp``, ``ep`` and ``pp`` when set, each with the keys whose values differ from the
         defaults, under their canonical names.
 
         Returns:
             A new dict; parsing it again gives an equal config.
         """
         out: dict[str, Any] = {}
-        for name in ("fsdp", "tp", "ep"):
+        for name in ("fsdp", "tp", "ep", "pp"):
             section = getattr(self, name)
             if section is not None:
                 out[name] = {f.name: copy.copy(getattr(section, f.name))
@@ -480,6 +497,15 @@ def _fsdp_values(raw: Mapping[str, Any], prefix: str, problems: Problems) -> dic
     return parsed_values
 
 
+def _parse_pp(raw: Mapping[str, Any], prefix: str, problems: Problems) -> PPConfig:
+    """A :class:`PPConfig` of ``raw``'s valid settings; the bad ones go to ``problems``."""
+    before = len(problems)
+    values = pp_values(raw, prefix, problems)
+    if len(problems) > before:  # a partial pipeline (split points without their degree) is
+        values = {}             # not worth checking further
+    return PPConfig(**values)
+
+
 def _parse_tp(raw: Mapping[str, Any], prefix: str, problems: Problems,
               import_paths: bool = True) -> TPConfig:
     """A :class:`TPConfig` of ``raw``'s valid settings; the bad ones go to ``problems``."""
@@ -634,11 +660,24 @@ def check_parallelism_config(
             else:
                 _problem(problems, f"{prefix}.ep", f"{value!r} must be a dict like "
                                                    f"{{expert_parallel_degree: 2}}.")
-        elif key in ("tensor_parallel", "pp", "pipeline_parallel", "cp", "context_parallel"):
+        elif key == "pp":
+            if value is None:
+                continue
+            if isinstance(value, PPConfig):  # checked when it was built
+                result.pp = value
+            elif isinstance(value, Mapping):
+                result.pp = _parse_pp(value, f"{prefix}.pp", problems)
+            else:
+                _problem(problems, f"{prefix}.pp", f"{value!r} must be a dict like "
+                                                   f"{{pipeline_parallel_degree: 2}}.")
+        elif key in ("tensor_parallel", "pipeline_parallel", "cp", "context_parallel"):
             _problem(problems, f"{prefix}.{key}", "not supported: cadence runs data parallelism "
-                                                  "(fsdp) and tensor parallelism (tp).")
+                                                  "(fsdp), tensor parallelism (tp), expert "
+                                                  "parallelism (ep) and pipeline parallelism "
+                                                  "(pp); context parallelism needs "
+                                                  "CUDA ring attention.")
         else:
             _problem(problems, f"{prefix}.{key}", f"unknown key."
-                                                  f"{did_you_mean(str(key), ['fsdp', 'tp', 'ep'])} "
-                                                  f"Allowed: fsdp, tp, ep.")
+                                                  f"{did_you_mean(str(key), ['fsdp', 'tp', 'ep', 'pp'])} "
+                                                  f"Allowed: fsdp, tp, ep, pp.")
     return result, problems

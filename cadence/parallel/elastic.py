@@ -45,21 +45,23 @@ def mesh_layout(config: ParallelismConfig, world_size: Optional[int] = None,
         local_world_size: ranks per node; default the current one.
 
     Returns:
-        ``{"world_size", "dp_replicate", "dp_shard", "tp"}`` (degrees; 1 where the
+        ``{"world_size", "pp", "dp_replicate", "dp_shard", "tp"}`` (degrees; 1 where the
         dimension is absent). DDP (no fsdp, several ranks) counts as ``dp_replicate``.
     """
     world = dist.get_world_size() if world_size is None else world_size
     local = dist.get_local_world_size() if local_world_size is None else local_world_size
     shape, names = mesh_dims(config, world, local)
     sizes = dict(zip(names, shape))
-    return {"world_size": world, "dp_replicate": int(sizes.get("dp_replicate", 1)),
+    return {"world_size": world, "pp": int(sizes.get("pp", 1)),
+            "dp_replicate": int(sizes.get("dp_replicate", 1)),
             "dp_shard": int(sizes.get("dp_shard", 1)), "tp": int(sizes.get("tp", 1))}
 
 
 def describe_layout(layout: dict[str, Any]) -> str:
     """``layout`` in words, e.g. ``4 ranks (dp_replicate=1, dp_shard=2, tp=2)``."""
     world = layout.get("world_size", "?")
-    dims = ", ".join(f"{k}={layout[k]}" for k in ("dp_replicate", "dp_shard", "tp") if k in layout)
+    dims = ", ".join(f"{k}={layout[k]}" for k in ("pp", "dp_replicate", "dp_shard", "tp")
+                     if k in layout and (k != "pp" or layout[k] != 1))
     return f"{world} rank(s) ({dims or 'mesh not recorded'})"
 
 

@@ -1,16 +1,18 @@
-"""The total gradient norm of a model, correct under DDP and FSDP2.
+"""The total gradient norm of a model, correct under DDP, FSDP2, expert and pipeline
+parallelism.
 
 Under DDP every rank holds the full (all-reduced) gradients, so the local norm is the norm.
 Under FSDP2 gradients are DTensor shards: ``torch.nn.utils.get_total_norm`` reduces the
 shards' partial norms over the mesh, and ``full_tensor()`` makes the result a plain tensor,
 the same on every rank; gradients on several meshes (the experts' under expert parallelism)
-are reduced mesh by mesh, then combined. Source: PyTorch ``torch.nn.utils.get_total_norm``;
-torchtitan's ``clip_grad_norm_``.
+are reduced mesh by mesh, then combined. Under pipeline parallelism each rank holds some
+stages only: the stages' norms are combined over the pipeline's ranks. Source: PyTorch
+``torch.nn.utils.get_total_norm``; torchtitan's ``clip_grad_norm_``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -39,17 +41,40 @@ def _total_norm(tensors: list[torch.Tensor], norm_type: float) -> torch.Tensor:
     return torch.nn.utils.get_total_norm(norms, norm_type=norm_type)  # the norm of the norms
 
 
+def _over_pipeline(total: torch.Tensor, norm_type: float, group: Any) -> torch.Tensor:
+    """This rank's stages' norm combined with the other stages' (one all-reduce)."""
+    import torch.distributed as torch_dist
+
+    if norm_type == float("inf"):
+        torch_dist.all_reduce(total, op=torch_dist.ReduceOp.MAX, group=group)
+        return total
+    total = total ** norm_type
+    torch_dist.all_reduce(total, group=group)
+    return total ** (1.0 / norm_type)
+
+
 def clip_grad_norm_(parameters: Iterable[torch.nn.Parameter], max_norm: float,
-                    norm_type: float = 2.0) -> torch.Tensor:
+                    norm_type: float = 2.0, pipeline_group: Optional[Any] = None) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` whatever the meshes of the gradients (FSDP2's,
     TP's and expert parallelism's together): scale every gradient by
     ``max_norm / (total + 1e-6)`` when the total norm exceeds ``max_norm``.
+
+    Args:
+        parameters: this rank's parameters; those without ``.grad`` are skipped.
+        max_norm: the largest total norm kept.
+        norm_type: the p of the p-norm; ``inf`` for the max-norm. Default 2.
+        pipeline_group: under pipeline parallelism, the process group of this rank's
+            pipeline peers (``ParallelDims.pipeline_group()``): the total is the whole
+            model's, over every stage. ``None``: this rank holds the whole model.
 
     Returns:
         The total norm before clipping (a 0-d tensor, the same on every rank).
     """
     params = [p for p in parameters if p.grad is not None]
     total = get_grad_norm(params, norm_type)
+    if pipeline_group is not None:
+        total = _over_pipeline(total.to(params[0].grad.device if params else "cpu"),
+                               norm_type, pipeline_group)
     for group in _by_mesh(params):
         torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
     return total

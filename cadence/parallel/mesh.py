@@ -10,10 +10,16 @@ the ranks of one tensor-parallel group are neighbours, on one node), and the dat
 dimensions above are built for ``world_size / tp`` ranks: ``(dp_shard, tp)``, or
 ``(dp_replicate, dp_shard, tp)`` for HYBRID strategies. Without fsdp the mesh is ``(tp,)``
 and the world must be one tensor-parallel group.
+
+With ``pp.pipeline_parallel_degree`` above 1, a ``pp`` dimension comes first (outermost:
+``(pp, dp_replicate, dp_shard, tp)``, torchtitan's order) and everything above is built for
+``world_size / pp`` ranks; without fsdp those must be one tensor-parallel group (or one rank).
 Source: ``torch.distributed.device_mesh.init_device_mesh``; torchtitan's ``ParallelDims``.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -72,8 +78,24 @@ def mesh_dims(config: ParallelismConfig, world_size: int,
     Raises:
         ValueError: ``tensor_parallel_degree`` does not divide the world size (or the
             ranks per node), tp without fsdp on more ranks than one tp group, or bad fsdp
-            degrees (see :func:`mesh_shape`).
+            degrees (see :func:`mesh_shape`); ``pipeline_parallel_degree`` does not divide the
+            world size, or several data-parallel ranks per stage without fsdp.
     """
+    pp = config.pp_degree
+    if pp > 1:
+        key = "parallelism_config.pp.pipeline_parallel_degree"
+        if world_size % pp != 0:
+            raise ValueError(f"{key}={pp} does not divide the world size {world_size}; use a "
+                             f"divisor of {world_size}.")
+        inner = world_size // pp
+        if config.fsdp is None and inner > config.tp_degree:
+            raise ValueError(
+                f"{key}={pp} on {world_size} ranks leaves {inner // config.tp_degree} "
+                f"data-parallel ranks per stage, which need parallelism_config.fsdp: {{}} "
+                f"(sharding_strategy NO_SHARD to replicate); or set {key}={world_size}.")
+        shape, names = mesh_dims(dataclasses.replace(config, pp=None), inner,
+                                 min(local_world_size, inner))
+        return (pp, *shape), ("pp", *names)
     tp = config.tp_degree
     key = "parallelism_config.tp.tensor_parallel_degree"
     if world_size % tp != 0:
@@ -100,8 +122,8 @@ def mesh_dims(config: ParallelismConfig, world_size: int,
 
 
 def data_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
-    """The data-parallel part of ``mesh`` (every dimension but ``tp``), for FSDP2."""
-    names = tuple(n for n in (mesh.mesh_dim_names or ()) if n != "tp")
+    """The data-parallel part of ``mesh`` (every dimension but ``tp`` and ``pp``), for FSDP2."""
+    names = tuple(n for n in (mesh.mesh_dim_names or ()) if n not in ("tp", "pp"))
     if names == tuple(mesh.mesh_dim_names or ()):
         return mesh
     return mesh[names] if len(names) > 1 else mesh[names[0]]

@@ -8,11 +8,11 @@ read from the typed ``parallelism_config`` once and checked against the world si
 anything is built (a degree that does not divide the world is refused naming the key); the
 mesh is built at most once, on first use, and the parallelize plan shards on that same mesh.
 
-Mesh layout (outermost first; torchtitan's order): ``(dp_replicate, dp_shard, tp)``, with
-only the dimensions the strategy uses (see :func:`cadence.parallel.mesh.mesh_dims`); ``tp``
-is innermost, so the ranks of one tensor-parallel group are neighbours on one node and this
-rank's data-parallel index is ``global_rank // tp``. ``pp`` is held (always 1 today) so
-that pipeline parallelism can add its dimension here.
+Mesh layout (outermost first; torchtitan's order): ``(pp, dp_replicate, dp_shard, tp)``,
+with only the dimensions the run uses (see :func:`cadence.parallel.mesh.mesh_dims`); ``tp``
+is innermost, so the ranks of one tensor-parallel group are neighbours on one node, and
+``pp`` outermost, so this rank's data-parallel index is ``(global_rank // tp) % dp_size``
+and its pipeline rank ``global_rank // (world_size / pp)``.
 
 Expert parallelism (``parallelism_config.ep``) borrows its ranks from ``dp_shard``, as
 torchtitan's does: ``ep`` divides ``dp_shard`` and does not multiply into the world size
@@ -62,7 +62,7 @@ class ParallelDims:
         world_size: all ranks; ``dp_replicate * dp_shard * tp * pp`` must equal it.
         global_rank: this rank.
         fsdp: whether FSDP2 shards the model (``parallelism_config.fsdp`` is set).
-        pp: pipeline-parallel degree (1: no pipeline; room for pipeline parallelism).
+        pp: pipeline-parallel degree (1: no pipeline).
         ep: expert-parallel degree (1: no expert parallelism); borrowed from ``dp_shard``,
             which it must divide.
         mesh_shape / mesh_dim_names: the ``DeviceMesh`` the degrees make (empty when no
@@ -130,12 +130,14 @@ class ParallelDims:
         rank = dist.get_global_rank() if global_rank is None else int(global_rank)
         shape, names = mesh_dims(config, world, local)
         sizes = dict(zip(names, shape))
-        needs_mesh = config.fsdp is not None or config.tp_degree > 1
+        needs_mesh = config.fsdp is not None or config.tp_degree > 1 or config.pp_degree > 1
         _check_ep(config, sizes.get("dp_shard", 1))
-        if needs_mesh and names == ("tp",):  # tp alone: a size-1 data-parallel dimension
-            shape, names = (1, *shape), ("dp_replicate", *names)  # (its groups: one rank)
+        if needs_mesh and names[-1] == "tp" and not {"dp_replicate", "dp_shard"} & set(names):
+            # tp alone (after pp): a size-1 data-parallel dimension (its groups: one rank)
+            shape, names = (*shape[:-1], 1, shape[-1]), (*names[:-1], "dp_replicate", "tp")
         return cls(dp_replicate=sizes.get("dp_replicate", 1), dp_shard=sizes.get("dp_shard", 1),
-                   tp=sizes.get("tp", 1), world_size=world, global_rank=rank,
+                   tp=sizes.get("tp", 1), pp=sizes.get("pp", 1), world_size=world,
+                   global_rank=rank,
                    fsdp=config.fsdp is not None, ep=config.ep_degree,
                    mesh_shape=tuple(shape) if needs_mesh else (),
                    mesh_dim_names=tuple(names) if needs_mesh else ())
@@ -149,9 +151,31 @@ class ParallelDims:
 
     @property
     def dp_rank(self) -> int:
-        """This rank's index among the data-parallel ranks: ``global_rank // tp`` (``tp`` is
-        the innermost mesh dimension; its ranks share the index)."""
-        return self.global_rank // self.tp
+        """This rank's index among the data-parallel ranks: ``(global_rank // tp) % dp_size``
+        (``tp`` is the innermost mesh dimension, its ranks share the index; ``pp`` the
+        outermost, each stage's ranks count from 0)."""
+        return (self.global_rank // self.tp) % self.dp_size
+
+    @property
+    def pp_enabled(self) -> bool:
+        """Whether pipeline parallelism splits the model into stages (``pp > 1``)."""
+        return self.pp > 1
+
+    @property
+    def pp_rank(self) -> int:
+        """This rank's place in its pipeline: ``global_rank // (world_size / pp)``."""
+        return self.global_rank // (self.world_size // self.pp)
+
+    def pipeline_group(self) -> ProcessGroup:
+        """The process group of this rank's pipeline (the ``pp`` mesh dimension: the ranks
+        holding the other stages of the same samples).
+
+        Raises:
+            RuntimeError: no pipeline parallelism, or the mesh was not built yet.
+        """
+        if not self.pp_enabled or self._mesh is None:
+            raise RuntimeError("ParallelDims.pipeline_group() needs pp > 1 and build_mesh().")
+        return self._mesh["pp"].get_group()
 
     @property
     def tp_enabled(self) -> bool:
@@ -192,7 +216,7 @@ class ParallelDims:
         if self._mesh is not None:
             return self._mesh
         if not self.needs_mesh:
-            raise RuntimeError("This run's parallelism needs no DeviceMesh (no fsdp, no tp).")
+            raise RuntimeError("This run's parallelism needs no DeviceMesh (no fsdp, tp or pp).")
         from torch.distributed.device_mesh import init_device_mesh
 
         override = _group_options()
@@ -238,13 +262,13 @@ class ParallelDims:
         """The process group of this rank's data-parallel peers (the ranks holding the same
         tensor-parallel shard of different samples), over every data-parallel dimension:
         what metrics and token counts are summed over. Taken from the mesh (built by
-        :meth:`build_mesh` before); ``None`` without tensor parallelism, where the
-        data-parallel ranks are the whole world (the default group).
+        :meth:`build_mesh` before); ``None`` without tensor or pipeline parallelism,
+        where the data-parallel ranks are the whole world (the default group).
 
         Raises:
             RuntimeError: tensor parallelism is on but the mesh was not built yet.
         """
-        if not self.tp_enabled:
+        if not self.tp_enabled and not self.pp_enabled:
             return None
         if self._dp_group is None:
             if self._mesh is None:
@@ -271,7 +295,7 @@ def _check_ep(config: ParallelismConfig, dp_shard: int) -> None:
     """Refuse an ``expert_parallel_degree`` the run cannot take (before anything is built).
 
     Raises:
-        ValueError: ep without fsdp, ep with tensor parallelism, or ep not dividing the
+        ValueError: ep without fsdp, ep with tensor or pipeline parallelism, or ep not dividing the
             ``dp_shard`` data-parallel shard ranks (naming the key and the fix).
     """
     ep = config.ep_degree
@@ -282,6 +306,10 @@ def _check_ep(config: ParallelismConfig, dp_shard: int) -> None:
         raise ValueError(f"{key} needs parallelism_config.fsdp: the experts are split over "
                          f"ranks taken from FSDP2's shard ranks, and FSDP2 shards everything "
                          f"else; add fsdp: {{}}.")
+    if config.pp_degree > 1:
+        raise ValueError(f"{key} with pipeline parallelism "
+                         f"(pipeline_parallel_degree={config.pp_degree}) is not supported yet; "
+                         f"use one of them.")
     if config.tp_degree > 1:
         raise ValueError(f"{key} with tensor parallelism "
                          f"(tensor_parallel_degree={config.tp_degree}) is not supported yet; "

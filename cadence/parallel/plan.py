@@ -179,7 +179,9 @@ def parallelize(model: nn.Module, plan: ParallelPlan) -> nn.Module:
         _move_unsharded_tensors(model, plan.device)  # TP's buffers (FSDP2 moved its own)
     else:
         model.to(plan.device)  # nothing shards the model: it is whole on the device
-    if fsdp is None and dist.get_world_size() > tp_degree:
+    data_parallel = (plan.dims.dp_size if plan.dims is not None  # (a pipeline's stage: its
+                     else dist.get_world_size() // tp_degree)     # data-parallel ranks only)
+    if fsdp is None and data_parallel > 1:
         device_ids = [plan.device.index] if plan.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     return model

@@ -35,6 +35,8 @@ def run_saver(callbacks: Sequence[Callback]) -> Any:
 
 
 def _default_format(parallelism_config: Any) -> str:
+    if parallelism_config.pp_degree > 1:  # each rank holds its own stages: DCP only
+        return "sharded"
     fsdp = parallelism_config.fsdp
     return "full" if fsdp is None else fsdp.state_dict_type
 
@@ -48,13 +50,19 @@ def add_run_saver(state: State, run_folder: Optional[RunFolder], metadata: dict[
     Raises:
         ValueError: without ``autoresume`` or ``overwrite``, the folder already holds a
             checkpoint of this run (named, with the three ways out); with ``autoresume``,
-            another run's checkpoints are there (:func:`check_autoresume_folder`).
+            another run's checkpoints are there (:func:`check_autoresume_folder`);
+            ``save_state_dict_type='full'`` under pipeline parallelism.
     """
     if run_folder is None or config.save_interval is None:
         return
     from cadence.callbacks.checkpoint_saver import CheckpointSaver
 
     fmt = config.save_state_dict_type or _default_format(state.parallelism_config)
+    if fmt == "full" and state.parallelism_config.pp_degree > 1:
+        raise ValueError("save_state_dict_type='full' under pipeline parallelism "
+                         "(parallelism_config.pp): each rank holds its own stages, so one file "
+                         "gathered on rank 0 would miss the others. Save 'sharded' (the "
+                         "default) and `cadence convert --to full` it afterwards.")
     autoresume = config.autoresume
     kwargs = dict(filename=config.save_filename, latest_filename=config.save_latest_filename,
                   num_checkpoints_to_keep=config.save_num_checkpoints_to_keep,

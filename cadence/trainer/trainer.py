@@ -46,6 +46,8 @@ from cadence.registry.errors import did_you_mean
 from cadence.parallel import ParallelismConfig, ParallelPlan, parallelize, remap_optimizer_params
 from cadence.parallel.compile import CompileConfig
 from cadence.parallel.parallel_dims import ParallelDims
+from cadence.parallel.pipeline import parallelize_pipeline, restrict_optimizer
+from cadence.trainer.pipeline_step import PipelineStep, check_pipeline_run, refuse
 from cadence.parallel.elastic import check_resume_layout
 from cadence.parallel.data import (
     align_sampler_with_data_parallel, check_distributed_sampler,
@@ -83,7 +85,7 @@ class Trainer:
       :class:`~cadence.checkpoint.checkpoint_config.CheckpointConfig`;
     - preemption (``preemption_signals``, ``preemption_timeout``, ``requeue``):
       :class:`~cadence.trainer.preemption.PreemptionConfig`;
-    - ``parallelism_config`` (``{"fsdp": {...}, "tp": {...}}`` or a
+    - ``parallelism_config`` (``{"fsdp": {...}, "tp": {...}, "pp": {...}}`` or a
       :class:`~cadence.parallel.ParallelismConfig`) and ``compile_config`` (a dict or a
       :class:`~cadence.parallel.compile.CompileConfig`), applied by the parallelize plan
       (:mod:`cadence.parallel.plan`).
@@ -283,6 +285,11 @@ class Trainer:
                                        ddp_sync_strategy)
         self._build_optimizers(as_list(optimizers), as_list(schedulers))
         self._build_metrics()
+        self._pipeline: Optional[PipelineStep] = None  # parallelism_config.pp: the schedule's step
+        if self._pipeline_parts is not None:
+            check_pipeline_run(self.state, auto_microbatching)
+            self._pipeline = PipelineStep(self._pipeline_parts, self.state, self.engine,
+                                          self._weighting)
         self.engine.run_event(Event.BEFORE_LOAD)
         loaded = load_at_start(  # autoresume or load_path; a remote one downloaded, then removed
             self.state, self._run_folder,
@@ -349,11 +356,18 @@ class Trainer:
         plan = ParallelPlan(state.parallelism_config, state.compile_config, state.device,
                             state.precision, seed=state.rank_zero_seed,
                             dims=state.parallel_dims)  # the mesh is built once, there
-        state.model = parallelize(module, plan)
-        self._module = unwrap_model(state.model)
-        if any(id(p) not in names for p in self._module.parameters()):
-            for optimizer in optimizers:
-                remap_optimizer_params(optimizer, names, self._module)
+        self._pipeline_parts = None
+        if state.parallel_dims.pp_enabled:  # stages split, then each parallelized
+            self._pipeline_parts = parallelize_pipeline(module, plan)
+            state.model = self._module = self._pipeline_parts.model  # this rank's modules
+            for optimizer in optimizers:  # this rank's stages' parameters only
+                restrict_optimizer(optimizer, names, self._module)
+        else:
+            state.model = parallelize(module, plan)
+            self._module = unwrap_model(state.model)
+            if any(id(p) not in names for p in self._module.parameters()):
+                for optimizer in optimizers:
+                    remap_optimizer_params(optimizer, names, self._module)
         self._align_eval_samplers()
 
     def _align_eval_samplers(self) -> None:
@@ -419,6 +433,8 @@ class Trainer:
     def _apply_fit(self, changes: FitChanges) -> None:
         """Make what ``fit()``'s arguments change: the state's, then the Trainer's own."""
         check_precision(changes.precision or "fp32", self.state.device)
+        if self._pipeline is not None and changes.evaluators is not None:
+            refuse("fit(eval_dataloader=...)")
         if changes.train_dataloader is not None:  # the sampler counts data-parallel ranks
             self._train_spec = changes.train_data_spec
             check_distributed_sampler(changes.train_dataloader, "train_dataloader", self._dp_size)
@@ -449,6 +465,8 @@ class Trainer:
         Returns:
             The outputs of each batch, on the CPU, when ``return_outputs``; else ``[]``.
         """
+        if self._pipeline is not None:
+            refuse("Trainer.predict()")
         spec = ensure_data_spec(dataloader)  # a DataSpec's transforms run too
         return predict_loop(self.state, self.engine, spec.dataloader, subset_num_batches,
                             return_outputs, data_spec=spec)
@@ -479,6 +497,8 @@ class Trainer:
         the model (a batch); for ONNX it defaults to the last training batch."""
         from cadence.utils.inference import export_with_logger
 
+        if self._pipeline is not None:
+            refuse("Trainer.export_for_inference()")
         if sample_input is None and str(getattr(save_format, "value", save_format)) == "onnx":
             sample_input = self.state.batch
         export_with_logger(self._module, save_format, save_path, self.logger,
@@ -609,7 +629,11 @@ class Trainer:
 
     def _forward_backward(self, batch: Any, batch_size: int) -> torch.Tensor:
         """Gradients of ``batch`` over its microbatches; with ``'auto'`` microbatching, retried
-        at half the microbatch size when any rank runs out of memory (:mod:`.auto_microbatch`)."""
+        at half the microbatch size when any rank runs out of memory (:mod:`.auto_microbatch`);
+        under a pipeline, through its schedule (:mod:`.pipeline_step`)."""
+        if self._pipeline is not None:
+            return self._pipeline.forward_backward(
+                batch, self._train_spec, self._run_plan.precision_context(self.state))
         if self.state.auto_microbatching:
             return forward_backward_auto(self.state, batch_size,
                                          lambda size: self._accumulate(batch, size))
@@ -708,6 +732,8 @@ class Trainer:
         Raises:
             ValueError: no eval dataloader on the Trainer or here.
         """
+        if self._pipeline is not None:
+            refuse("Trainer.eval()")
         state = self.state
         kept_evaluators, kept_metrics = state.evaluators, dict(state.eval_metrics)
         if eval_dataloader is not None:

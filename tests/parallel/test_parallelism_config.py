@@ -73,8 +73,8 @@ def test_wrong_types() -> None:
 
 
 def test_other_parallelism_is_refused() -> None:
-    with pytest.raises(ValueError, match="pp: not supported: cadence runs data parallelism"):
-        parse_parallelism_config({"pp": {"degree": 2}})
+    with pytest.raises(ValueError, match="cp: not supported: .* context parallelism needs CUDA"):
+        parse_parallelism_config({"cp": {"degree": 2}})
     with pytest.raises(ValueError, match="Did you mean 'fsdp'"):
         parse_parallelism_config({"fdsp": {}})
 

@@ -1,0 +1,203 @@
+"""Pipeline parallelism: the model split into stages, each stage parallelized by the usual
+plan, and a ``torch.distributed.pipelining`` schedule over them.
+
+:func:`parallelize_pipeline` is the plan under ``parallelism_config.pp`` (torchtitan's
+``pipeline_llm`` then ``parallelize_llama`` per stage), read top to bottom:
+
+1. split the model into ``pipeline_parallel_degree * stages_per_rank`` stages
+   (:mod:`.pipeline_split`; a split that does not fit is refused before anything is built);
+2. keep this rank's stages (:func:`stage_ids`: looped, or V-shaped for ``ZBVZeroBubble`` /
+   ``DualPipeV``) and drop the other stages' modules from the model, which keeps its
+   parameter names (a checkpoint's keys are the single-process model's);
+3. per stage, the ordered plan of :func:`cadence.parallel.plan.parallelize` (activation
+   checkpointing, compile, TP, FSDP2) on the mesh without its ``pp`` dimension;
+4. one ``PipelineStage`` per local stage over the ``pp`` process group.
+
+The schedule is built at the first batch (:func:`build_schedule`), when the number of
+microbatches is known; losses are summed (``scale_grads=False``): each microbatch's loss
+arrives weighted by its share of the batch (:mod:`cadence.trainer.pipeline_step`).
+
+Not supported under a pipeline (refused with the reason): a model on the meta device,
+tied input/output embeddings, DDP without fsdp over several data-parallel ranks.
+
+Sources: ``torch.distributed.pipelining`` (``PipelineStage``, ``get_schedule_class``);
+torchtitan's ``torchtitan/distributed/pipeline_parallel.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from cadence.parallel.param_init import has_meta_tensors
+from cadence.parallel.pipeline_config import PPConfig, SINGLE_STAGE_SCHEDULES, V_SCHEDULES
+from cadence.parallel.pipeline_split import PipelineSplit, split_model
+from cadence.parallel.plan import ParallelPlan, parallelize
+
+__all__ = ["Pipeline", "parallelize_pipeline", "stage_ids", "keep_local_modules",
+           "build_schedule", "restrict_optimizer"]
+
+
+def stage_ids(pp_rank: int, pp: int, stages_per_rank: int, schedule: str) -> list[int]:
+    """The stages pipeline rank ``pp_rank`` of ``pp`` runs, in order: ``pp_rank + k * pp``
+    (looped), or ``pp_rank`` and ``2 pp - 1 - pp_rank`` for the V schedules."""
+    if schedule in V_SCHEDULES:
+        return [pp_rank, 2 * pp - 1 - pp_rank]
+    return [pp_rank + k * pp for k in range(stages_per_rank)]
+
+
+def keep_local_modules(model: nn.Module, stages: list[nn.Module]) -> None:
+    """Drop from ``model`` every submodule with parameters or buffers that none of
+    ``stages`` holds (in place; a ``ModuleList`` keeps its other entries' indices, so the
+    names of what remains are unchanged)."""
+    kept = {id(m) for stage in stages for m in stage.modules()}
+    names = {n: m for n, m in model.named_modules()}
+    ancestors = {""}
+    for name, module in names.items():
+        if id(module) in kept:
+            parts = name.split(".")
+            ancestors.update(".".join(parts[:i]) for i in range(len(parts)))
+
+    def visit(prefix: str, module: nn.Module) -> None:
+        for child_name, child in list(module._modules.items()):
+            if child is None:
+                continue
+            full = f"{prefix}{child_name}"
+            if id(child) in kept:
+                continue
+            if full in ancestors:
+                visit(f"{full}.", child)
+            elif any(True for _ in child.parameters()) or any(True for _ in child.buffers()):
+                del module._modules[child_name]
+
+    visit("", model)
+
+
+@dataclass
+class Pipeline:
+    """This rank's part of a pipeline.
+
+    Attributes:
+        model: the model with only this rank's stages' modules (what the optimizer steps and
+            checkpoints hold).
+        split: the whole split (its ``inputs`` / ``outputs`` adapters).
+        config: the ``pp`` settings.
+        stages: this rank's ``PipelineStage`` s, in pipeline order.
+        modules: their (parallelized) modules.
+        group: the pipeline's process group.
+        device: the run's device.
+    """
+
+    model: nn.Module
+    split: PipelineSplit
+    config: PPConfig
+    stages: list[Any]
+    modules: list[nn.Module]
+    group: Any
+    device: torch.device
+    schedule: Any = field(default=None)
+
+    @property
+    def has_first_stage(self) -> bool:
+        """Whether this rank runs stage 0 (it feeds the batch's inputs)."""
+        return any(stage.is_first for stage in self.stages)
+
+    @property
+    def has_last_stage(self) -> bool:
+        """Whether this rank runs the last stage (it computes the loss)."""
+        return any(stage.is_last for stage in self.stages)
+
+
+def parallelize_pipeline(model: nn.Module, plan: ParallelPlan) -> Pipeline:
+    """Split ``model`` into stages and parallelize this rank's (see the module docstring).
+
+    Args:
+        model: the unwrapped ``ComposerModel``, on the CPU (changed in place: the other
+            ranks' modules are dropped).
+        plan: the typed settings; ``plan.dims`` the run's degrees (``pp > 1``).
+
+    Returns:
+        This rank's :class:`Pipeline` (its schedule is built at the first batch).
+
+    Raises:
+        ValueError: a model on the meta device, a split that does not fit the model
+            (:func:`~cadence.parallel.pipeline_split.split_model`), or what the per-stage plan
+            refuses; all before anything is sharded.
+    """
+    from torch.distributed.pipelining import PipelineStage
+
+    config = plan.parallelism.pp
+    dims = plan.dims
+    assert config is not None and dims is not None and dims.pp_enabled
+    if has_meta_tensors(model):
+        raise ValueError("parallelism_config.pp: a model on the meta device (init_device: "
+                         "meta) is not supported under pipeline parallelism yet; build it on "
+                         "the CPU.")
+    split = split_model(model, config.num_stages, config.split_points)
+    mesh = dims.build_mesh(plan.device.type)
+    names = tuple(n for n in mesh.mesh_dim_names or () if n != "pp")
+    stage_mesh = mesh[names] if len(names) > 1 else mesh[names[0]]
+    ids = stage_ids(dims.pp_rank, dims.pp, int(config.stages_per_rank or 1), config.schedule)
+    local = [split.stages[i] for i in ids]
+    keep_local_modules(model, local)
+    stage_plan = dataclasses.replace(plan, mesh=stage_mesh)
+    modules = [parallelize(stage, stage_plan) for stage in local]
+    group = dims.pipeline_group()
+    stages = [PipelineStage(module, index, config.num_stages, plan.device, group=group)
+              for module, index in zip(modules, ids)]
+    return Pipeline(model, split, config, stages, modules, group, plan.device)
+
+
+def build_schedule(pipeline: Pipeline, num_microbatches: int,
+                   loss_fn: Callable[[Any, torch.Tensor], torch.Tensor]) -> Any:
+    """The schedule ``pipeline.config.schedule`` over the pipeline's stages, summing the
+    microbatch losses ``loss_fn`` returns (``scale_grads=False``).
+
+    Raises:
+        ValueError: a number of microbatches the schedule cannot run (fewer than the
+            pipeline ranks, or not a multiple of them for the interleaved schedules).
+    """
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    config = pipeline.config
+    pp = config.pipeline_parallel_degree
+    if num_microbatches < pp:
+        raise ValueError(f"parallelism_config.pp: {num_microbatches} microbatch(es) cannot fill "
+                         f"{pp} pipeline ranks; use at least {pp} (num_microbatches, or a "
+                         f"smaller microbatch_size).")
+    if (config.schedule not in SINGLE_STAGE_SCHEDULES and config.schedule not in V_SCHEDULES
+            and num_microbatches % pp != 0):
+        raise ValueError(f"parallelism_config.pp: {config.schedule} needs a number of "
+                         f"microbatches that is a multiple of pipeline_parallel_degree={pp}; "
+                         f"got {num_microbatches}.")
+    cls = get_schedule_class(config.schedule)
+    stages = pipeline.stages[0] if config.schedule in SINGLE_STAGE_SCHEDULES else pipeline.stages
+    return cls(stages, n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=False)
+
+
+def restrict_optimizer(optimizer: torch.optim.Optimizer, old_names: dict[int, str],
+                       model: nn.Module) -> None:
+    """Point ``optimizer`` at the parameters ``model`` keeps on this rank (matched by name),
+    dropping those of the other ranks' stages.
+
+    Raises:
+        ValueError: the optimizer holds a parameter that was never in the model, or has
+            already stepped.
+    """
+    if optimizer.state:
+        raise ValueError("The optimizer has already stepped; create it before training starts.")
+    current = dict(model.named_parameters())
+    for group in optimizer.param_groups:
+        kept = []
+        for param in group["params"]:
+            name = old_names.get(id(param))
+            if name is None:
+                raise ValueError("The optimizer holds a parameter that is not in the model; build "
+                                 "it from model.parameters() (or leave optimizers unset).")
+            if name in current:
+                kept.append(current[name])
+        group["params"] = kept
