@@ -2,7 +2,8 @@
 from a local path, an object store or an ``http(s)`` URL, object stores from URIs, and
 formatting names with the run's distributed and time fields.
 
-Every remote protocol goes through fsspec (:class:`~cadence.utils.object_store.FsspecObjectStore`),
+Every remote protocol goes through fsspec (:class:`FsspecObjectStore`, an
+:class:`~cadence.utils.object_store.ObjectStore`),
 so ``s3://``, ``gs://``, ``oci://``, ``az://`` (Composer's ``azure://``) and any other
 installed fsspec protocol work alike; ``wandb://`` and ``dbfs:/`` (Databricks) have no
 implementation and are refused, as Composer refuses ``wandb://``.
@@ -20,15 +21,16 @@ from __future__ import annotations
 import os
 import pathlib
 import tempfile
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 from urllib.parse import urlparse
 
 from cadence.core.time import Timestamp
 from cadence.utils import dist
 from cadence.utils.misc import partial_format
-from cadence.utils.object_store import FsspecObjectStore, ObjectStore
+from cadence.checkpoint.remote import get_filesystem, is_remote, local_path
+from cadence.utils.object_store import ObjectStore
 
-__all__ = ["format_name_with_dist", "format_name_with_dist_and_time", "fsspec_protocol",
+__all__ = ["FsspecObjectStore", "format_name_with_dist", "format_name_with_dist_and_time", "fsspec_protocol",
            "get_file", "is_uri",
            "list_remote_objects", "maybe_create_object_store_from_uri", "parse_uri"]
 
@@ -48,6 +50,76 @@ _UNSUPPORTED = {
     "dbfs": "Databricks (dbfs:/, Unity Catalog volumes, MLflow artifacts) has no object store "
             "in cadence; copy the files to s3:// or gs:// (or a local path) first.",
 }
+
+
+class FsspecObjectStore(ObjectStore):
+    """Objects under the fsspec URL ``root`` (``s3://bucket``, ``gs://bucket/prefix``,
+    ``file:///abs/dir`` or a plain local folder): object ``a/b.pt`` is ``<root>/a/b.pt``.
+
+    Args:
+        root: the URL (or local folder) that object names are relative to.
+
+    Raises:
+        ValueError: the protocol is unknown or its fsspec package is not installed (the
+            message names the extra), or the URL carries credentials.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = str(root).rstrip("/")
+        self._fs, path = get_filesystem(self.root or ".")
+        self._remote = is_remote(self.root)
+        self._path = path if self._remote else os.path.abspath(local_path(self.root or "."))
+
+    def _key(self, object_name: str) -> str:
+        if not self._remote:
+            return os.path.join(self._path, object_name.lstrip("/"))
+        return f"{self._path}/{object_name.lstrip('/')}" if self._path else object_name
+
+    def get_uri(self, object_name: str) -> str:
+        return f"{self.root}/{object_name.lstrip('/')}"
+
+    def upload_object(self, object_name: str, filename: Union[str, pathlib.Path],
+                      callback: Optional[Callable[[int, int], None]] = None,
+                      **kwargs: Any) -> None:
+        size = os.path.getsize(filename)
+        key = self._key(object_name)
+        parent = key.rpartition("/")[0]
+        if parent and not self._remote:
+            self._fs.makedirs(parent, exist_ok=True)
+        self._fs.put_file(os.fspath(filename), key, **kwargs)
+        if callback is not None:
+            callback(size, size)
+
+    def get_object_size(self, object_name: str) -> int:
+        info = self._fs.info(self._key(object_name))  # FileNotFoundError when missing
+        if info.get("type") == "directory":
+            raise FileNotFoundError(f"{self.get_uri(object_name)} is a folder, not an object.")
+        return int(info["size"])
+
+    def download_object(self, object_name: str, filename: Union[str, pathlib.Path],
+                        overwrite: bool = False,
+                        callback: Optional[Callable[[int, int], None]] = None) -> None:
+        filename = os.fspath(filename)
+        if os.path.exists(filename) and not overwrite:
+            raise FileExistsError(f"{filename} exists; pass overwrite=True to replace it.")
+        size = self.get_object_size(object_name)  # FileNotFoundError first, before a file
+        os.makedirs(os.path.dirname(os.path.abspath(filename)), exist_ok=True)
+        tmp = f"{filename}.{os.getpid()}.tmp"
+        try:
+            self._fs.get_file(self._key(object_name), tmp)
+            os.replace(tmp, filename)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        if callback is not None:
+            callback(size, size)
+
+    def list_objects(self, prefix: Optional[str] = None) -> list[str]:
+        self._fs.invalidate_cache()
+        base = self._path.rstrip("/") if self._remote else self._path
+        found = self._fs.find(base)
+        names = sorted(key[len(base):].lstrip("/") for key in found)
+        return [n for n in names if n.startswith(prefix or "")]
 
 
 def _dist_fields() -> dict[str, int]:

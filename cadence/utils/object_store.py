@@ -1,6 +1,7 @@
 """Composer's ``composer.utils.object_store``: the :class:`ObjectStore` interface, its
-transient error, and :class:`FsspecObjectStore`, the one implementation, over any fsspec
-filesystem (``s3://``, ``gs://``, ``file://``, ...).
+transient error. The one implementation is
+:class:`cadence.utils.file_helpers.FsspecObjectStore`, over any fsspec filesystem (``s3://``,
+``gs://``, ``file://``, ...).
 
 Composer ships one class per provider (``S3ObjectStore``, ``GCSObjectStore``, ...) over each
 provider's SDK; cadence reaches every provider through fsspec, as its remote checkpoints do
@@ -14,14 +15,11 @@ arguments and errors).
 from __future__ import annotations
 
 import abc
-import os
 import pathlib
 from types import TracebackType
 from typing import Any, Callable, Optional, Union
 
-from cadence.checkpoint.remote import get_filesystem, is_remote, local_path
-
-__all__ = ["FsspecObjectStore", "ObjectStore", "ObjectStoreTransientError"]
+__all__ = ["ObjectStore", "ObjectStoreTransientError"]
 
 
 class ObjectStoreTransientError(RuntimeError):
@@ -86,73 +84,3 @@ class ObjectStore(abc.ABC):
     def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
                  traceback: Optional[TracebackType]) -> None:
         self.close()
-
-
-class FsspecObjectStore(ObjectStore):
-    """Objects under the fsspec URL ``root`` (``s3://bucket``, ``gs://bucket/prefix``,
-    ``file:///abs/dir`` or a plain local folder): object ``a/b.pt`` is ``<root>/a/b.pt``.
-
-    Args:
-        root: the URL (or local folder) that object names are relative to.
-
-    Raises:
-        ValueError: the protocol is unknown or its fsspec package is not installed (the
-            message names the extra), or the URL carries credentials.
-    """
-
-    def __init__(self, root: str) -> None:
-        self.root = str(root).rstrip("/")
-        self._fs, path = get_filesystem(self.root or ".")
-        self._remote = is_remote(self.root)
-        self._path = path if self._remote else os.path.abspath(local_path(self.root or "."))
-
-    def _key(self, object_name: str) -> str:
-        if not self._remote:
-            return os.path.join(self._path, object_name.lstrip("/"))
-        return f"{self._path}/{object_name.lstrip('/')}" if self._path else object_name
-
-    def get_uri(self, object_name: str) -> str:
-        return f"{self.root}/{object_name.lstrip('/')}"
-
-    def upload_object(self, object_name: str, filename: Union[str, pathlib.Path],
-                      callback: Optional[Callable[[int, int], None]] = None,
-                      **kwargs: Any) -> None:
-        size = os.path.getsize(filename)
-        key = self._key(object_name)
-        parent = key.rpartition("/")[0]
-        if parent and not self._remote:
-            self._fs.makedirs(parent, exist_ok=True)
-        self._fs.put_file(os.fspath(filename), key, **kwargs)
-        if callback is not None:
-            callback(size, size)
-
-    def get_object_size(self, object_name: str) -> int:
-        info = self._fs.info(self._key(object_name))  # FileNotFoundError when missing
-        if info.get("type") == "directory":
-            raise FileNotFoundError(f"{self.get_uri(object_name)} is a folder, not an object.")
-        return int(info["size"])
-
-    def download_object(self, object_name: str, filename: Union[str, pathlib.Path],
-                        overwrite: bool = False,
-                        callback: Optional[Callable[[int, int], None]] = None) -> None:
-        filename = os.fspath(filename)
-        if os.path.exists(filename) and not overwrite:
-            raise FileExistsError(f"{filename} exists; pass overwrite=True to replace it.")
-        size = self.get_object_size(object_name)  # FileNotFoundError first, before a file
-        os.makedirs(os.path.dirname(os.path.abspath(filename)), exist_ok=True)
-        tmp = f"{filename}.{os.getpid()}.tmp"
-        try:
-            self._fs.get_file(self._key(object_name), tmp)
-            os.replace(tmp, filename)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        if callback is not None:
-            callback(size, size)
-
-    def list_objects(self, prefix: Optional[str] = None) -> list[str]:
-        self._fs.invalidate_cache()
-        base = self._path.rstrip("/") if self._remote else self._path
-        found = self._fs.find(base)
-        names = sorted(key[len(base):].lstrip("/") for key in found)
-        return [n for n in names if n.startswith(prefix or "")]
