@@ -33,6 +33,13 @@ What each kind of train dataloader gets on a resume mid-epoch:
   sample order continues on the new ranks with the same global batch size). Such a loader
   should be sized (streaming's is): a checkpoint at an epoch's last batch then ends that
   epoch without asking the loader, whose restored state starts the next one.
+- A ``DataLoader`` over a dataset with ``state_dict(num_samples, from_beginning)`` and
+  ``load_state_dict`` (Composer's rule, for streaming's ``StreamingDataset``, which
+  llm-foundry loads with a plain ``DataLoader``): mid-epoch, the checkpoint holds
+  ``dataset.state_dict(sample_in_epoch, True)`` (the timestamp's global samples) and the
+  resume hands it to ``load_state_dict`` before ``iter()``: the dataset continues its epoch
+  (its own epoch count and shuffle) without loading the consumed samples. At an epoch
+  boundary nothing is restored (streaming's state there names the epoch just finished).
 - A ``DataLoader`` over an ``IterableDataset``: replayed (the consumed batches are loaded
   again and dropped) from the recorded RNG state, with a warning.
 - Any other iterable: replayed from a fresh ``iter()`` with a warning
@@ -52,6 +59,7 @@ is drawn), ``torchdata.stateful_dataloader``.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import weakref
 from typing import Any, Iterable, Iterator, Optional, Sized
@@ -61,8 +69,9 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from cadence.utils import dist
 
-__all__ = ["RemainingIndices", "has_loader_state", "iter_epoch", "load_data_position",
-           "rebuild_dataloader", "save_data_position", "skip_consumed_batches"]
+__all__ = ["RemainingIndices", "has_dataset_state", "has_loader_state", "iter_epoch",
+           "load_data_position", "rebuild_dataloader", "save_data_position",
+           "skip_consumed_batches"]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +111,22 @@ def has_loader_state(dataloader: Any) -> bool:
     return (dataloader is not None and not _is_stateful_loader(dataloader)
             and callable(getattr(dataloader, "state_dict", None))
             and callable(getattr(dataloader, "load_state_dict", None)))
+
+
+def has_dataset_state(dataloader: Any) -> bool:
+    """Whether ``dataloader`` is a ``DataLoader`` over a dataset that keeps its own position,
+    as Composer reads it: ``dataset.state_dict(num_samples, from_beginning)`` and
+    ``dataset.load_state_dict(state)`` (mosaicml-streaming's ``StreamingDataset``, which
+    llm-foundry loads with a plain ``DataLoader``)."""
+    dataset = getattr(dataloader, "dataset", None)
+    if not isinstance(dataloader, DataLoader) or not callable(
+            getattr(dataset, "load_state_dict", None)):
+        return False
+    try:
+        params = inspect.signature(dataset.state_dict).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return {"num_samples", "from_beginning"} <= set(params)
 
 
 def _resume_loader_state(dataloader: Any, state: Any, batch_in_epoch: int) -> Iterator[Any]:
@@ -188,6 +213,10 @@ def iter_epoch(dataloader: Any, epoch: int, batch_in_epoch: int,
     if restored is not None and restored.get("kind") == "loader_state" and has_loader_state(
             dataloader):
         return _resume_loader_state(dataloader, restored["state"], batch_in_epoch), remaining
+    if (restored is not None and restored.get("kind") == "dataset_state"
+            and has_dataset_state(dataloader) and batch_in_epoch > 0):
+        dataloader.dataset.load_state_dict(restored["state"])  # it skips the consumed samples
+        return _rng_neutral_start(dataloader), remaining
     if restored is not None and restored.get("kind") == "origin" and isinstance(
             dataloader, DataLoader) and tracker is not None:
         _restore_generators(dataloader, restored, batch_in_epoch)
@@ -425,11 +454,15 @@ def _resume_stateful(dataloader: Any, state: dict[str, Any], batch_in_epoch: int
 
 
 # ---------------------------------------------------------------------------- checkpoint
-def _local_position(dataloader: Any) -> dict[str, Any]:
+def _local_position(dataloader: Any, sample_in_epoch: int = 0) -> dict[str, Any]:
     if _is_stateful_loader(dataloader):
         return {"kind": "stateful", "state": dataloader.state_dict()}
     if has_loader_state(dataloader):
         return {"kind": "loader_state", "state": dataloader.state_dict()}
+    if has_dataset_state(dataloader) and sample_in_epoch > 0:
+        return {"kind": "dataset_state",
+                "state": dataloader.dataset.state_dict(num_samples=sample_in_epoch,
+                                                       from_beginning=True)}
     tracker = _TRACKERS.get(dataloader) if dataloader is not None else None
     if tracker is None or tracker.origin is None or not isinstance(dataloader, DataLoader):
         return {"kind": "none"}
@@ -441,7 +474,8 @@ def save_data_position(state: Any) -> list[dict[str, Any]]:
     """Every rank's train dataloader position (a collective: every rank calls it), as plain
     values and tensors (loadable with ``torch.load(weights_only=True)``)."""
     try:
-        local = _local_position(state.train_dataloader)
+        local = _local_position(state.train_dataloader,
+                                int(state.timestamp.sample_in_epoch))
     except TypeError:  # not weak-referenceable
         local = {"kind": "none"}
     return dist.all_gather_object(local)
@@ -453,8 +487,10 @@ def load_data_position(state: Any, saved: Optional[list[dict[str, Any]]]) -> Non
     (or without the entry) leaves the dataloader as built."""
     if not saved or state.train_dataloader is None:
         return
-    if (len(saved) != dist.get_world_size() and saved[0].get("kind") == "loader_state"
-            and has_loader_state(state.train_dataloader)):
+    if len(saved) != dist.get_world_size() and (
+            (saved[0].get("kind") == "loader_state" and has_loader_state(state.train_dataloader))
+            or (saved[0].get("kind") == "dataset_state"
+                and has_dataset_state(state.train_dataloader))):
         log.info("The checkpoint's data position is for %d ranks, this run has %d: the train "
                  "dataloader's own state (rank 0's) is restored on every rank.", len(saved),
                  dist.get_world_size())

@@ -18,7 +18,11 @@ from typing import Any, Iterator, Optional
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from cadence.checkpoint.data_position import _tracker, has_loader_state, load_data_position
+import pytest
+
+from cadence.checkpoint.data_position import (
+    _tracker, has_dataset_state, has_loader_state, load_data_position,
+)
 from cadence.utils import dist
 from tests.checkpoint.test_dataloader_resume import BATCH, CUTS, SAMPLES, _data, check_exact
 
@@ -98,7 +102,27 @@ def test_a_loader_with_its_own_state_resumes_exactly_without_replay(
     assert resumed.loaded == total - stop_at * BATCH  # nothing read twice after the resume
 
 
+@pytest.mark.parametrize("stop_at", [9, 12], ids=["mid_epoch", "last_batch"])
+def test_a_plain_dataloader_over_a_dataset_with_state_resumes_without_replay(
+        tmp_path: Path, stop_at: int) -> None:
+    """llm-foundry's way: a plain ``DataLoader`` over a ``StreamingDataset``; Composer's rule
+    saves ``dataset.state_dict(sample_in_epoch, True)`` and restores it."""
+    datasets: list[EpochStream] = []
+
+    def make() -> DataLoader:
+        datasets.append(EpochStream())
+        return DataLoader(datasets[-1], batch_size=BATCH)
+
+    check_exact(tmp_path, make, stop_at=stop_at)
+    checkpoint = torch.load(next((tmp_path / "cut").glob("*.pt")), weights_only=True)
+    (entry,) = checkpoint["state"]["data"]
+    assert entry["kind"] == "dataset_state"
+    assert entry["state"]["sample_in_epoch"] == (stop_at - 6) * BATCH
+    assert datasets[-1].loaded == 3 * SAMPLES - stop_at * BATCH  # nothing read twice
+
+
 def test_duck_typing_and_another_number_of_ranks() -> None:
+    assert has_dataset_state(DataLoader(EpochStream(), batch_size=BATCH))
     assert has_loader_state(Streamingish(EpochStream(), batch_size=BATCH))
     assert not has_loader_state(DataLoader(list(range(4))))
     loader = Streamingish(EpochStream(), batch_size=BATCH)
