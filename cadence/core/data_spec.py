@@ -234,8 +234,8 @@ class DataSpec:
             leading size of the batch's tensors (and lists in a mapping).
         get_num_tokens_in_batch: ``batch -> int`` (or ``-> {"total": n, "loss_generating":
             m}``, Composer's form: the timestamp counts ``"total"``), the tokens a batch
-            counts in the timestamp (``tok``). Default: ``input_ids``' ``[batch, seq]`` size for a mapping holding
-            ``input_ids``; else ``dataset.max_seq_len`` times the samples when the dataset
+            counts in the timestamp (``tok``). Default: ``input_ids``' ``[batch, seq]`` size
+            for a mapping holding ``input_ids``; else ``dataset.max_seq_len`` times the samples when the dataset
             has one; else 0. (Given no counter here, the Trainer first asks the model's
             ``num_tokens(batch)`` when it has one: cadence's models count loss tokens.)
         device_transforms: older Composer's name (keyword only): ``batch -> batch`` on each

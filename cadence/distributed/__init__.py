@@ -1,5 +1,6 @@
-"""Composer's ``composer.distributed``: :func:`~cadence.distributed.dist_strategy.prepare_fsdp_module`,
-sharding a model outside the Trainer (cadence's Trainer shards through
+"""Composer's ``composer.distributed``:
+:func:`~cadence.distributed.dist_strategy.prepare_fsdp_module`, sharding a model outside the
+Trainer (cadence's Trainer shards through
 :mod:`cadence.parallel.plan`)."""
 
 from __future__ import annotations
