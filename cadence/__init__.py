@@ -40,8 +40,8 @@ from cadence._version import __version__
 #: Subpackages, imported on first attribute access (``cadence.optim``).
 SUBPACKAGES = (
     "algorithms", "callbacks", "checkpoint", "config", "core", "data", "devices", "dist",
-    "functional", "launch", "loggers", "loss", "metrics", "models", "optim", "parallel",
-    "profiler", "registry", "trainer", "utils",
+    "distributed", "functional", "launch", "loggers", "loss", "metrics", "models", "optim",
+    "parallel", "profiler", "registry", "trainer", "utils",
 )
 
 __all__ = [

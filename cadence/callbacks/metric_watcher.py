@@ -59,12 +59,8 @@ class MetricWatcher(Callback):
     to read it, and when. Subclasses implement ``_check(state)``."""
 
     def __init__(self, monitor: str, dataloader_label: str) -> None:
-        if not monitor or not dataloader_label:
-            raise ValueError(
-                f"{type(self).__name__} needs a metric name and a dataloader label, e.g. "
-                f"monitor='LanguagePerplexity', dataloader_label='eval'; got monitor="
-                f"{monitor!r}, dataloader_label={dataloader_label!r}."
-            )
+        # Not checked here: Composer builds with any name (llm-foundry builds one with
+        # monitor=''); fit_start refuses a metric the run does not compute, naming those it does.
         self.monitor = monitor
         self.dataloader_label = dataloader_label
 

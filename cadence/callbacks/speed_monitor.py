@@ -16,7 +16,7 @@ from cadence.callbacks.eval_clock import EvalClockCallback
 from cadence.utils.dist import get_world_size
 from cadence.utils.misc import unwrap_model
 from cadence.registry import callbacks
-from cadence.utils.flops import device_peak_flops
+from cadence.utils.flops import PEAK_FLOPS, device_peak_flops
 
 if TYPE_CHECKING:
     from cadence.core import State
@@ -24,6 +24,26 @@ if TYPE_CHECKING:
 __all__ = ["SpeedMonitor", "TIME_UNITS"]
 
 log = logging.getLogger(__name__)
+
+
+def _composer_flops_table() -> dict[str, dict[str, float]]:
+    """:data:`cadence.utils.flops.PEAK_FLOPS` in Composer's shape: also keyed by the
+    Trainer's precisions (``amp_bf16``, ``amp_fp16``, ``amp_fp8``), and with Composer's
+    ``h200-sxm`` for cadence's ``h200``."""
+    table = {}
+    for device, rates in PEAK_FLOPS.items():
+        row = dict(rates)
+        for low in ("bf16", "fp16", "fp8"):
+            if low in rates:
+                row[f"amp_{low}"] = rates[low]
+        table[device] = row
+    table["h200-sxm"] = table["h200"]
+    return table
+
+
+#: Composer's ``GPU_AVAILABLE_FLOPS``: dense peak FLOP/s by device and precision
+#: (``GPU_AVAILABLE_FLOPS['a100']['amp_bf16']``), from :data:`~cadence.utils.flops.PEAK_FLOPS`.
+GPU_AVAILABLE_FLOPS: dict[str, dict[str, float]] = _composer_flops_table()
 
 #: Seconds in each ``time_unit`` the ``time/*`` metrics can be logged in.
 TIME_UNITS = {"seconds": 1.0, "minutes": 60.0, "hours": 3600.0, "days": 86400.0}

@@ -24,6 +24,22 @@ What each kind of train dataloader gets on a resume mid-epoch:
 - ``torchdata.stateful_dataloader.StatefulDataLoader``: its ``state_dict()`` is the record
   and ``load_state_dict`` restores it, so iterable datasets that implement
   ``state_dict``/``load_state_dict`` resume exactly without replay.
+- Any other loader with ``state_dict()`` and ``load_state_dict(state)`` (duck-typed, as
+  Composer: mosaicml-streaming's ``StreamingDataLoader``): ``state_dict()`` at the checkpoint
+  is the record; on resume ``load_state_dict`` is called with it before the epoch's
+  ``iter()``, and the loader continues where it was (streaming: its dataset skips the
+  samples already seen, no replay). Its state is the loader's own: a checkpoint from another
+  number of ranks restores rank 0's (streaming's state is global, a sample count, so the
+  sample order continues on the new ranks with the same global batch size). Such a loader
+  should be sized (streaming's is): a checkpoint at an epoch's last batch then ends that
+  epoch without asking the loader, whose restored state starts the next one.
+- A ``DataLoader`` over a dataset with ``state_dict(num_samples, from_beginning)`` and
+  ``load_state_dict`` (Composer's rule, for streaming's ``StreamingDataset``, which
+  llm-foundry loads with a plain ``DataLoader``): mid-epoch, the checkpoint holds
+  ``dataset.state_dict(sample_in_epoch, True)`` (the timestamp's global samples) and the
+  resume hands it to ``load_state_dict`` before ``iter()``: the dataset continues its epoch
+  (its own epoch count and shuffle) without loading the consumed samples. At an epoch
+  boundary nothing is restored (streaming's state there names the epoch just finished).
 - A ``DataLoader`` over an ``IterableDataset``: replayed (the consumed batches are loaded
   again and dropped) from the recorded RNG state, with a warning.
 - Any other iterable: replayed from a fresh ``iter()`` with a warning
@@ -43,6 +59,7 @@ is drawn), ``torchdata.stateful_dataloader``.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import weakref
 from typing import Any, Iterable, Iterator, Optional, Sized
@@ -52,8 +69,9 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from cadence.utils import dist
 
-__all__ = ["RemainingIndices", "iter_epoch", "load_data_position", "rebuild_dataloader",
-           "save_data_position", "skip_consumed_batches"]
+__all__ = ["RemainingIndices", "has_dataset_state", "has_loader_state", "iter_epoch",
+           "load_data_position", "rebuild_dataloader", "save_data_position",
+           "skip_consumed_batches"]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +102,58 @@ def _is_stateful_loader(dataloader: Any) -> bool:
     except ImportError:  # pragma: no cover - torchdata is a dependency
         return False
     return isinstance(dataloader, StatefulDataLoader)
+
+
+def has_loader_state(dataloader: Any) -> bool:
+    """Whether ``dataloader`` keeps its own position (other than torchdata's
+    ``StatefulDataLoader``): callable ``state_dict()`` and ``load_state_dict(state)``, as
+    Composer checks (``hasattr``) for mosaicml-streaming's ``StreamingDataLoader``."""
+    return (dataloader is not None and not _is_stateful_loader(dataloader)
+            and callable(getattr(dataloader, "state_dict", None))
+            and callable(getattr(dataloader, "load_state_dict", None)))
+
+
+def has_dataset_state(dataloader: Any) -> bool:
+    """Whether ``dataloader`` is a ``DataLoader`` over a dataset that keeps its own position,
+    as Composer reads it: ``dataset.state_dict(num_samples, from_beginning)`` and
+    ``dataset.load_state_dict(state)`` (mosaicml-streaming's ``StreamingDataset``, which
+    llm-foundry loads with a plain ``DataLoader``)."""
+    dataset = getattr(dataloader, "dataset", None)
+    if not isinstance(dataloader, DataLoader) or not callable(
+            getattr(dataset, "load_state_dict", None)):
+        return False
+    try:
+        params = inspect.signature(dataset.state_dict).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return {"num_samples", "from_beginning"} <= set(params)
+
+
+def _resume_loader_state(dataloader: Any, state: Any, batch_in_epoch: int) -> Iterator[Any]:
+    """A duck-typed loader's epoch after ``load_state_dict(state)``. Mid-epoch, the torch RNG
+    is left as it was by creating the iterator and fetching its first batch (the
+    uninterrupted run created this epoch's iterator, and drew from the RNG for its workers'
+    seed, before the checkpoint; a generator-based ``__iter__``, as streaming's, draws at its
+    first batch); at an epoch boundary the new epoch draws as the uninterrupted run's would."""
+    dataloader.load_state_dict(state)
+    if batch_in_epoch == 0:
+        return iter(dataloader)
+    return _rng_neutral_start(dataloader)
+
+
+def _rng_neutral_start(dataloader: Any) -> Iterator[Any]:
+    """``iter(dataloader)``, with the torch RNG put back after the iterator is made and its
+    first batch fetched."""
+    torch_state = torch.get_rng_state()
+    iterator = iter(dataloader)
+    try:
+        first = next(iterator)
+    except StopIteration:
+        torch.set_rng_state(torch_state)
+        return
+    torch.set_rng_state(torch_state)
+    yield first
+    yield from iterator
 
 
 def _generators(dataloader: DataLoader) -> list[torch.Generator]:
@@ -140,6 +210,13 @@ def iter_epoch(dataloader: Any, epoch: int, batch_in_epoch: int,
     if restored is not None and restored.get("kind") == "stateful" and _is_stateful_loader(
             dataloader):
         return _resume_stateful(dataloader, restored["state"], batch_in_epoch), remaining
+    if restored is not None and restored.get("kind") == "loader_state" and has_loader_state(
+            dataloader):
+        return _resume_loader_state(dataloader, restored["state"], batch_in_epoch), remaining
+    if (restored is not None and restored.get("kind") == "dataset_state"
+            and has_dataset_state(dataloader) and batch_in_epoch > 0):
+        dataloader.dataset.load_state_dict(restored["state"])  # it skips the consumed samples
+        return _rng_neutral_start(dataloader), remaining
     if restored is not None and restored.get("kind") == "origin" and isinstance(
             dataloader, DataLoader) and tracker is not None:
         _restore_generators(dataloader, restored, batch_in_epoch)
@@ -156,7 +233,7 @@ def iter_epoch(dataloader: Any, epoch: int, batch_in_epoch: int,
     if batch_in_epoch > 0:  # no usable record (an older checkpoint, another world size...)
         return skip_consumed_batches(dataloader, batch_in_epoch)
     if tracker is None or not isinstance(dataloader, DataLoader) or _is_stateful_loader(
-            dataloader):
+            dataloader) or has_loader_state(dataloader):
         return iter(dataloader), length
     return _start_epoch(dataloader, tracker, epoch), length
 
@@ -377,9 +454,15 @@ def _resume_stateful(dataloader: Any, state: dict[str, Any], batch_in_epoch: int
 
 
 # ---------------------------------------------------------------------------- checkpoint
-def _local_position(dataloader: Any) -> dict[str, Any]:
+def _local_position(dataloader: Any, sample_in_epoch: int = 0) -> dict[str, Any]:
     if _is_stateful_loader(dataloader):
         return {"kind": "stateful", "state": dataloader.state_dict()}
+    if has_loader_state(dataloader):
+        return {"kind": "loader_state", "state": dataloader.state_dict()}
+    if has_dataset_state(dataloader) and sample_in_epoch > 0:
+        return {"kind": "dataset_state",
+                "state": dataloader.dataset.state_dict(num_samples=sample_in_epoch,
+                                                       from_beginning=True)}
     tracker = _TRACKERS.get(dataloader) if dataloader is not None else None
     if tracker is None or tracker.origin is None or not isinstance(dataloader, DataLoader):
         return {"kind": "none"}
@@ -391,7 +474,9 @@ def save_data_position(state: Any) -> list[dict[str, Any]]:
     """Every rank's train dataloader position (a collective: every rank calls it), as plain
     values and tensors (loadable with ``torch.load(weights_only=True)``)."""
     try:
-        local = _local_position(state.train_dataloader)
+        timestamp = getattr(state, "timestamp", None)
+        local = _local_position(state.train_dataloader,
+                                0 if timestamp is None else int(timestamp.sample_in_epoch))
     except TypeError:  # not weak-referenceable
         local = {"kind": "none"}
     return dist.all_gather_object(local)
@@ -402,6 +487,17 @@ def load_data_position(state: Any, saved: Optional[list[dict[str, Any]]]) -> Non
     :func:`iter_epoch` of ``state.train_dataloader``. A checkpoint from another world size
     (or without the entry) leaves the dataloader as built."""
     if not saved or state.train_dataloader is None:
+        return
+    if len(saved) != dist.get_world_size() and (
+            (saved[0].get("kind") == "loader_state" and has_loader_state(state.train_dataloader))
+            or (saved[0].get("kind") == "dataset_state"
+                and has_dataset_state(state.train_dataloader))):
+        log.info("The checkpoint's data position is for %d ranks, this run has %d: the train "
+                 "dataloader's own state (rank 0's) is restored on every rank.", len(saved),
+                 dist.get_world_size())
+        tracker = _tracker(state.train_dataloader)
+        if tracker is not None:
+            tracker.restored = dict(saved[0])
         return
     if len(saved) != dist.get_world_size():
         log.info("The checkpoint's data position is for %d ranks, this run has %d: each rank "

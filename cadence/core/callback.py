@@ -23,7 +23,13 @@ class Callback(Serializable):
 
     Callbacks that hold state (a counter, a best metric) override :meth:`state_dict` and
     :meth:`load_state_dict`, so checkpoints carry it.
+
+    ``Callback.__init__`` takes and ignores any arguments, as Composer's does, so a subclass
+    may call ``super().__init__(*args, **kwargs)`` with its own.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        del args, kwargs
 
     def run_event(self, event: Event, state: State, logger: Any) -> None:
         """Call the method named ``event.value`` (e.g. ``batch_end``)."""

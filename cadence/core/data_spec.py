@@ -110,12 +110,16 @@ def split_batch(batch: Any, microbatch_size: int) -> list[Any]:
 
 
 def slice_batch(batch: Any, start: int, stop: int) -> Any:
-    """Samples ``start:stop`` of ``batch`` (every tensor sliced on dim 0; other values kept)."""
+    """Samples ``start:stop`` of ``batch`` (every tensor sliced on dim 0; other values kept).
+    A list or tuple held by a mapping is a list of samples and is sliced itself, whatever
+    it holds (strings, 0-dim tensors, ...), as Composer's ``_split_mapping`` does."""
     if isinstance(batch, torch.Tensor):
         return batch[start:stop]
     if isinstance(batch, Mapping):
-        return _rebuild_mapping(
-            batch, {key: slice_batch(value, start, stop) for key, value in batch.items()})
+        return _rebuild_mapping(batch, {
+            key: (value[start:stop] if isinstance(value, (list, tuple))
+                  and not hasattr(value, "_fields") else slice_batch(value, start, stop))
+            for key, value in batch.items()})
     if isinstance(batch, (list, tuple)):
         sliced = [slice_batch(value, start, stop) for value in batch]
         return type(batch)(sliced) if not hasattr(batch, "_fields") else type(batch)(*sliced)
@@ -154,6 +158,18 @@ def default_split_batch(batch: Any, microbatch_size: Union[int, float]) -> Seque
         return [batch[start:start + microbatch_size]
                 for start in range(0, len(batch), microbatch_size)] or [batch]
     return split_batch(batch, microbatch_size)
+
+
+def _split_list(l: Sequence[Any], microbatch_size: int) -> list[Any]:  # noqa: E741
+    """Composer's ``_split_list``: ``l`` in slices of ``microbatch_size`` items (the last may
+    be shorter; ``[l]`` when ``l`` is shorter than one slice)."""
+    if len(l) < microbatch_size:
+        return [l]
+    return [l[start:start + microbatch_size] for start in range(0, len(l), microbatch_size)]
+
+
+#: Composer's private name for :func:`default_split_batch` (llm-foundry imports it).
+_default_split_batch = default_split_batch
 
 
 def _dim0_sizes(batch: Any) -> list[int]:
@@ -216,9 +232,10 @@ class DataSpec:
         get_num_samples_in_batch: ``batch -> int``, the samples a batch counts in the
             timestamp (``sp``) and in each microbatch's loss weight. Default: the common
             leading size of the batch's tensors (and lists in a mapping).
-        get_num_tokens_in_batch: ``batch -> int``, the tokens a batch counts in the timestamp
-            (``tok``). Default: ``input_ids``' ``[batch, seq]`` size for a mapping holding
-            ``input_ids``; else ``dataset.max_seq_len`` times the samples when the dataset
+        get_num_tokens_in_batch: ``batch -> int`` (or ``-> {"total": n, "loss_generating":
+            m}``, Composer's form: the timestamp counts ``"total"``), the tokens a batch
+            counts in the timestamp (``tok``). Default: ``input_ids``' ``[batch, seq]`` size
+            for a mapping holding ``input_ids``; else ``dataset.max_seq_len`` times the samples when the dataset
             has one; else 0. (Given no counter here, the Trainer first asks the model's
             ``num_tokens(batch)`` when it has one: cadence's models count loss tokens.)
         device_transforms: older Composer's name (keyword only): ``batch -> batch`` on each
@@ -238,7 +255,7 @@ class DataSpec:
         microbatch_transforms: Optional[Callable[[Any], Any]] = None,
         split_batch: Optional[Callable[[Any, Union[int, float]], Sequence[Any]]] = None,
         get_num_samples_in_batch: Optional[Callable[[Any], Union[int, float]]] = None,
-        get_num_tokens_in_batch: Optional[Callable[[Any], int]] = None,
+        get_num_tokens_in_batch: Optional[Callable[[Any], Union[int, dict[str, int]]]] = None,
         *,
         device_transforms: Optional[Callable[[Any], Any]] = None,
     ) -> None:
@@ -253,8 +270,8 @@ class DataSpec:
         self.split_batch = split_batch or default_split_batch
         self.get_num_samples_in_batch = (get_num_samples_in_batch
                                          or self._default_get_num_samples_in_batch)
-        self.get_num_tokens_in_batch = (get_num_tokens_in_batch
-                                        or self._default_get_num_tokens_in_batch)
+        self._get_num_tokens_in_batch = (get_num_tokens_in_batch
+                                         or self._default_get_num_tokens_in_batch)
         self.has_token_counter = get_num_tokens_in_batch is not None
         if num_samples is None and isinstance(dataloader, torch.utils.data.DataLoader) \
                 and isinstance(dataloader.dataset, collections.abc.Sized):
@@ -297,6 +314,30 @@ class DataSpec:
                 f"Cannot count the samples in a batch whose tensors have different leading "
                 f"sizes {sizes}; use a DataSpec with get_num_samples_in_batch=your_function.")
         return sizes[0]
+
+    def get_num_tokens_in_batch(self, batch: Any, token_type: str = "total") -> int:
+        """The tokens in ``batch``, from the ``get_num_tokens_in_batch`` given to the
+        DataSpec (or the default count). A counter may return an int (or a 0-dim tensor) or,
+        as Composer allows, a dict of counts by type (``{"total": n, "loss_generating": m}``):
+        then ``token_type`` picks one (default ``"total"``).
+
+        Raises:
+            ValueError: the counter's dict has no ``token_type`` key, or it returned neither
+                a number nor a dict.
+        """
+        counted = self._get_num_tokens_in_batch(batch)
+        if isinstance(counted, Mapping):
+            if token_type not in counted:
+                raise ValueError(f"Token type {token_type!r} not found in the dict that "
+                                 f"get_num_tokens_in_batch returned (keys: {sorted(counted)}).")
+            counted = counted[token_type]
+        if isinstance(counted, torch.Tensor) and counted.numel() == 1:
+            return int(counted.item())
+        if isinstance(counted, (int, float)) and not isinstance(counted, bool):
+            return int(counted)
+        raise ValueError(f"get_num_tokens_in_batch returned {type(counted).__name__}; it must "
+                         f"return an int or a dict of ints by token type "
+                         f"({{'total': n, 'loss_generating': m}}).")
 
     def _default_get_num_tokens_in_batch(self, batch: Any) -> int:
         if isinstance(batch, Mapping) and "input_ids" in batch:

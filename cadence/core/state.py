@@ -18,8 +18,9 @@ Differences from Composer, on purpose:
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 import torch
 
@@ -27,7 +28,37 @@ from cadence.core.batch_access import BatchKey, get_item, set_item
 from cadence.core.evaluator import Evaluator
 from cadence.core.time import Time, TimeUnit, Timestamp
 
-__all__ = ["State"]
+__all__ = ["State", "fsdp_state_dict_type_context"]
+
+
+@contextlib.contextmanager
+def fsdp_state_dict_type_context(module: torch.nn.Module,
+                                 state_dict_type: str = "full") -> Iterator[None]:
+    """Composer's context for ``module.state_dict()`` under FSDP1 with a chosen layout.
+
+    cadence shards with FSDP2, whose ``state_dict()`` always holds the DTensor shards: for
+    ``"sharded"`` (and for a module that is not sharded at all, either type) the context
+    changes nothing. A ``"full"`` state dict of a sharded module is refused: save a ``full``
+    checkpoint (``save_checkpoint(state, filename)`` with ``state_dict_type: full``), or
+    gather with ``torch.distributed.checkpoint.state_dict.get_model_state_dict(module,
+    options=StateDictOptions(full_state_dict=True))``.
+
+    Raises:
+        NotImplementedError: ``state_dict_type`` is neither ``"full"`` nor ``"sharded"``
+            (Composer's error), or ``"full"`` on a module with DTensor parameters.
+    """
+    if state_dict_type not in ("full", "sharded"):
+        raise NotImplementedError(f"No valid FSDP state_dict_type for {state_dict_type!r}; "
+                                  f"use 'full' or 'sharded'.")
+    sharded = any(type(p).__name__ == "DTensor" for p in module.parameters())
+    if sharded and state_dict_type == "full":
+        raise NotImplementedError(
+            "fsdp_state_dict_type_context(module, 'full') on an FSDP2-sharded module: its "
+            "state_dict() holds DTensor shards and cannot be switched to a full one. Save a "
+            "full checkpoint (FSDPConfig state_dict_type='full'), or gather with torch."
+            "distributed.checkpoint.state_dict.get_model_state_dict(module, options="
+            "StateDictOptions(full_state_dict=True, cpu_offload=True)).")
+    yield
 
 
 def as_list(value: Any) -> list[Any]:

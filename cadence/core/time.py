@@ -180,9 +180,14 @@ class Time(Generic[TValue]):
     def from_timedelta(cls, timestring: str) -> Time[int]:
         """Parse a wall-clock string ``"1h30m"``, ``"90s"``, ``"2h"`` into seconds (``sec``).
 
+        The empty string is 0 seconds, as in Composer (whose ``Time.from_input('')`` is
+        ``Time(0, TimeUnit.SECOND)``).
+
         Raises:
             ValueError: ``timestring`` is not of the form ``XXhYYmZZs`` (each part optional).
         """
+        if timestring == "":
+            return cls(0, TimeUnit.SECOND)
         match = _WALL_CLOCK_RE.match(timestring.strip())
         if match is None or not any(match.groups()):
             raise ValueError(

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from cadence.loggers.logger import Logger
     from cadence.loggers.logger_destination import LoggerDestination, to_python
     from cadence.loggers.mlflow_logger import MLFlowLogger
+    from cadence.loggers.mosaicml_logger import MosaicMLLogger
     from cadence.loggers.progress_bar_logger import (
         ProgressBarLogger, default_progress_destination,
     )
@@ -46,6 +47,7 @@ _LAZY = {
     "TensorBoardLogger": "cadence.loggers.tensorboard_logger",
     "MLFlowLogger": "cadence.loggers.mlflow_logger",
     "RemoteUploaderDownloader": "cadence.loggers.remote_uploader_downloader",
+    "MosaicMLLogger": "cadence.loggers.mosaicml_logger",
 }
 
 __all__ = sorted(_LAZY)
@@ -53,6 +55,7 @@ __all__ = sorted(_LAZY)
 #: The modules whose import registers the destinations in
 #: :data:`cadence.registry.registry.loggers` (the registry imports them on first look-up).
 _REGISTERING_MODULES = tuple(sorted(
-    set(_LAZY.values()) - {"cadence.loggers.logger", "cadence.loggers.logger_destination"}))
+    set(_LAZY.values()) - {"cadence.loggers.logger", "cadence.loggers.logger_destination",
+                           "cadence.loggers.mosaicml_logger"}))
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -23,12 +23,16 @@ class Logger:
 
     Args:
         state: the run's State; ``step`` defaults to ``state.timestamp.batch``.
-        destinations: where metrics go.
+        destinations: where metrics go: a sequence of destinations, or one destination
+            (Composer's ``Logger(state, destinations=InMemoryLogger())``). Default none.
     """
 
-    def __init__(self, state: State, destinations: Sequence[LoggerDestination] = ()) -> None:
+    def __init__(self, state: State,
+                 destinations: Union[LoggerDestination, Sequence[LoggerDestination], None] = ()
+                 ) -> None:
         self._state = state
-        self.destinations = list(destinations)
+        self.destinations = ([destinations] if isinstance(destinations, LoggerDestination)
+                             else list(destinations or ()))
 
     def log_metrics(self, metrics: Mapping[str, Any], step: Optional[int] = None) -> None:
         """Log ``metrics`` (keys like ``loss/train/total``, ``metrics/eval/LanguagePerplexity``)."""

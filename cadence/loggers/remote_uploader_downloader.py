@@ -32,7 +32,8 @@ from cadence.utils import dist
 if TYPE_CHECKING:
     from cadence.core.state import State
 
-__all__ = ["RemoteUploaderDownloader", "is_transient"]
+__all__ = ["RemoteUploaderDownloader", "is_transient",
+           "maybe_create_remote_uploader_downloader_from_uri"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -442,3 +443,40 @@ def _remove_quietly(path: str) -> None:
         os.remove(path)
     except FileNotFoundError:
         pass
+
+
+def maybe_create_remote_uploader_downloader_from_uri(
+        uri: str, loggers: list[LoggerDestination]) -> Optional[RemoteUploaderDownloader]:
+    """A :class:`RemoteUploaderDownloader` for the bucket of ``uri`` (Composer's
+    ``composer.utils.maybe_create_remote_uploader_downloader_from_uri``, also importable from
+    :mod:`cadence.utils`).
+
+    Returns None for a local path, and (with a warning) when ``loggers`` already holds a
+    ``RemoteUploaderDownloader`` for the same protocol and bucket. ``azure://`` is fsspec's
+    ``az://``.
+
+    Raises:
+        NotImplementedError: ``wandb://`` (use ``WandBLogger(log_artifacts=True)``) or
+            ``dbfs:/`` (Databricks has no object store in cadence).
+        ValueError: the protocol is unknown to fsspec or its package is missing.
+    """
+    from cadence.utils.file_helpers import fsspec_protocol, parse_uri
+
+    backend, bucket, _ = parse_uri(uri)
+    if backend == "":
+        return None
+    if backend == "wandb":
+        raise NotImplementedError("There is no implementation for WandB via URI. Please use "
+                                  "WandBLogger with log_artifacts set to True.")
+    if backend == "dbfs":
+        raise NotImplementedError("Databricks (dbfs:/) has no object store in cadence; use an "
+                                  "s3:// or gs:// bucket.")
+    backend = fsspec_protocol(backend)
+    for existing in loggers:
+        if isinstance(existing, RemoteUploaderDownloader):
+            theirs = parse_uri(existing.bucket_uri)
+            if (fsspec_protocol(theirs[0]), theirs[1]) == (backend, bucket):
+                warnings.warn(f"There already exists a RemoteUploaderDownloader object to "
+                              f"handle the uri: {uri} you specified", stacklevel=2)
+                return None
+    return RemoteUploaderDownloader(bucket_uri=f"{backend}://{bucket}")

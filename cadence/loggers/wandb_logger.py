@@ -77,15 +77,16 @@ class WandBLogger(TrackerDestination):
             ``save_folder`` if it has one, else ``runs/{run_name}``. Created if missing.
         rank_zero_only: start a run on global rank zero only (default); else on every rank.
         init_kwargs: more keyword arguments for ``wandb.init`` (``mode``, ``notes``,
-            ``settings``, ``reinit``, ...); they override the arguments above.
+            ``settings``, ``reinit``, ...); they override the arguments above. A ``config``
+            here is the run's initial config, as in Composer; the hyperparameters logged
+            later are merged over it.
         log_artifacts: store the files handed to ``upload_file`` as W&B artifacts (see
             above). Default False.
 
     Raises:
         ImportError: ``wandb`` is not installed (at construction, and when the run starts), naming
             ``pip install wandb``.
-        ValueError: ``init_kwargs`` holds ``config`` (log it with ``log_hyperparameters``, or
-            the Trainer's ``hyperparameters``, instead).
+        TypeError: ``init_kwargs['config']`` is not a mapping.
 
     Example::
 
@@ -109,12 +110,10 @@ class WandBLogger(TrackerDestination):
     ) -> None:
         super().__init__(rank_zero_only)
         init_kwargs = dict(init_kwargs or {})
-        if "config" in init_kwargs:
-            raise ValueError(
-                "WandBLogger(init_kwargs=...) must not hold 'config': pass the run's "
-                "configuration as the Trainer's hyperparameters (or call "
-                "logger.log_hyperparameters), which WandBLogger sends to wandb.config."
-            )
+        config = init_kwargs.get("config")
+        if config is not None and not isinstance(config, Mapping):
+            raise TypeError(f"WandBLogger init_kwargs['config'] must be a dict (the run's "
+                            f"initial wandb.config), got {type(config).__name__}.")
         self.project = project
         self.entity = entity
         self.name = name
@@ -127,7 +126,7 @@ class WandBLogger(TrackerDestination):
         self._run: Any = None
         self._run_id: Optional[str] = None
         self._finished = False
-        self._pending_config: dict[str, Any] = {}
+        self._pending_config: dict[str, Any] = dict(config or {})
         self._pending_metrics: list[tuple[dict[str, Any], Optional[int]]] = []
 
     # -- the W&B run ----------------------------------------------------------------------
@@ -159,7 +158,7 @@ class WandBLogger(TrackerDestination):
         if self.resume_id is not None:  # the checkpoint's run: continue it
             kwargs.update(id=self.resume_id, resume="allow")
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        kwargs.update(self.init_kwargs)
+        kwargs.update({k: v for k, v in self.init_kwargs.items() if k != "config"})
         return kwargs
 
     def run_id_to_resume(self) -> Optional[str]:

@@ -9,11 +9,13 @@ Source: MosaicML Composer's ``HuggingFaceModel`` (``composer/models/huggingface.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import inspect
 import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
@@ -29,10 +31,14 @@ from cadence.models.base import ComposerModel
 from cadence.metrics.nlp import LanguageCrossEntropy, LanguagePerplexity
 from cadence.utils.flops import transformer_flops_per_token
 
-__all__ = ["HuggingFaceModel", "MetricsArg", "is_causal_lm", "is_sequence_classifier",
-           "write_huggingface_pretrained_from_composer_checkpoint"]
+__all__ = ["HuggingFaceModel", "MetricsArg", "get_hf_config_from_composer_state_dict",
+           "is_causal_lm", "is_sequence_classifier", "maybe_get_underlying_model",
+           "peft_installed", "write_huggingface_pretrained_from_composer_checkpoint"]
 
 log = logging.getLogger(__name__)
+
+#: Whether ``peft`` is installed (Composer's flag; found without importing it).
+peft_installed: bool = importlib.util.find_spec("peft") is not None
 
 MetricsArg = Union[Sequence[torchmetrics.Metric], Mapping[str, torchmetrics.Metric], None]
 """Metrics given to :class:`HuggingFaceModel`: a list (named by class) or a name -> metric map."""
@@ -755,3 +761,45 @@ def write_huggingface_pretrained_from_composer_checkpoint(
     model.save_pretrained(output_folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(output_folder)
+
+
+def maybe_get_underlying_model(model: nn.Module) -> nn.Module:
+    """The ``transformers`` model inside a ``peft`` ``PeftModel`` (``model.base_model.model``);
+    any other model as it is (Composer's function)."""
+    if peft_installed and "peft" in sys.modules:
+        from peft import PeftModel
+
+        if isinstance(model, PeftModel):
+            return model.base_model.model
+    return model
+
+
+def get_hf_config_from_composer_state_dict(state_dict: dict[str, Any],
+                                           config_overrides: Optional[dict[str, Any]] = None
+                                           ) -> Any:
+    """The ``transformers`` config of the model a ``HuggingFaceModel`` checkpoint holds, with
+    ``config_overrides`` applied (Composer's function).
+
+    Args:
+        state_dict: a ``full`` checkpoint file's dict, as
+            :func:`cadence.utils.checkpoint.safe_torch_load` returns it (written by cadence
+            or by Composer 0.32).
+        config_overrides: config keys to set (default none).
+
+    Returns:
+        a ``transformers.PretrainedConfig`` (``AutoConfig.for_model`` of the saved
+        ``model_type``; ``id2label`` keys back to ints).
+
+    Raises:
+        CheckpointError: the checkpoint was not written from a ``HuggingFaceModel``.
+    """
+    import transformers
+
+    from cadence.checkpoint.export import _hf_description
+
+    config = dict(_hf_description(state_dict.get("state", state_dict), Path("<state_dict>"))
+                  ["config"])
+    config.update(config_overrides or {})
+    if "id2label" in config:
+        config["id2label"] = {int(k): v for k, v in config["id2label"].items()}
+    return transformers.AutoConfig.for_model(**config)

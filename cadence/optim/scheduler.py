@@ -54,10 +54,21 @@ _ZERO_WARMUP = ("The warmup duration is 0. If you gave warmup as a fraction of t
                 "note that it is computed in the unit of max_duration.")
 
 
-class ComposerScheduler(Protocol):
+if TYPE_CHECKING:
+    _SchedulerBase = Protocol  # for type checkers: any (state, ssr) -> float qualifies
+else:
+    _SchedulerBase = object  # at run time a plain base class, as Composer's
+
+
+class ComposerScheduler(_SchedulerBase):
     """A stateless schedule: ``__call__(state, ssr=1.0) -> float``, the learning-rate
     multiplier now. A plain function ``(state) -> float`` qualifies (without ``ssr`` it
-    cannot take a ``scale_schedule_ratio`` other than 1)."""
+    cannot take a ``scale_schedule_ratio`` other than 1).
+
+    At run time this is a plain base class, as Composer's is: ``issubclass(cls,
+    ComposerScheduler)`` is True for the schedulers here and their subclasses (llm-foundry's
+    registry checks it), False for anything else; type checkers see a ``Protocol``.
+    """
 
     def __call__(self, state: State, ssr: float = 1.0) -> float:
         """The multiplier of the initial learning rate at ``state.timestamp``.

@@ -212,8 +212,11 @@ class TPConfig:
             class. Default: the model's ``tp_plan()``, else the built-in plans for
             ``GPT2Block`` and ``LlamaDecoderLayer``.
         verbose: print the mesh and the TP plan on rank 0 (as ``fsdp.verbose`` does).
+        device_mesh: Composer's first argument, accepted as None only (the mesh is built
+            from the degrees; a mesh given here is refused, naming the fix).
     """
 
+    device_mesh: Optional[Any] = None
     tensor_parallel_degree: int = 1
     layer_plan: Optional[dict[str, Any]] = None
     verbose: bool = False
@@ -517,7 +520,7 @@ def _tp_values(raw: Mapping[str, Any], prefix: str, problems: Problems,
     """The one check of TP settings (run file and :meth:`TPConfig.__post_init__`): the valid
     values of ``raw`` by field name; problems appended. ``import_paths=False`` leaves a
     dotted-path style unchecked."""
-    names = [f.name for f in fields(TPConfig)]
+    names = [f.name for f in fields(TPConfig) if f.name not in _TP_REFUSED_KEYS]
     config: dict[str, Any] = {}
     for raw_key, value in raw.items():
         key, where = str(raw_key), f"{prefix}.{raw_key}"

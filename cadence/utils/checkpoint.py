@@ -38,7 +38,6 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
-import string
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
@@ -46,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 import cadence.checkpoint.checkpoint as _impl
 from cadence.checkpoint.object_store import _download, check_object_store, fetched_from_store
 from cadence.checkpoint.remote import RemoteFolder, fetched, is_remote, split_url
+from cadence.utils.misc import partial_format
 from cadence.utils.rng import get_rng_state
 from cadence.core.state import State
 from cadence.utils import dist
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from cadence.core.passes import AlgorithmPass
 
 __all__ = ["FILENAME_FIELDS", "checkpoint_format", "download_checkpoint", "get_save_filename",
-           "load_checkpoint", "save_checkpoint", "translate_ignore_keys"]
+           "load_checkpoint", "safe_torch_load", "save_checkpoint", "translate_ignore_keys"]
 
 log = logging.getLogger(__name__)
 
@@ -100,24 +100,6 @@ def _format_filename(template: str, state: State) -> str:
         raise ValueError(
             f"Checkpoint filename {template!r} has an unknown field {exc}; allowed: "
             f"{', '.join('{' + f + '}' for f in FILENAME_FIELDS)}.") from None
-
-
-def _partial_format(template: str, **values: Any) -> str:
-    """Fill the fields of ``template`` named in ``values``; leave the others as written
-    (Composer formats a load path this way). A path that is not a valid template (a lone
-    brace) is returned as is."""
-    out = []
-    try:
-        for literal, field, spec, conversion in string.Formatter().parse(template):
-            out.append(literal)
-            if field is None:
-                continue
-            text = ("{" + field + (f"!{conversion}" if conversion else "")
-                    + (f":{spec}" if spec else "") + "}")
-            out.append(text.format(**values) if field in values else text)
-    except ValueError:
-        return template
-    return "".join(out)
 
 
 def _run_saver(state: State) -> Optional[Any]:
@@ -339,7 +321,7 @@ def load_checkpoint(
     """
     del logger, progress_bar, exclude_algorithms, algorithm_passes  # see the docstring
     patterns = translate_ignore_keys(ignore_keys)  # type: ignore[arg-type]
-    source = _partial_format(str(path), run_name=state.run_name, rank=0, local_rank=0,
+    source = partial_format(str(path), run_name=state.run_name, rank=0, local_rank=0,
                              node_rank=0)
     check_object_store(object_store)
     with (fetched(source) if object_store is None  # a URL: downloaded, then removed
@@ -416,3 +398,41 @@ def download_checkpoint(path: str, node_checkpoint_folder: str,
             shutil.copy2(name, dest)
     dist.barrier()
     return str(dest), (str(dest) if dest.is_dir() else None), False
+
+
+def safe_torch_load(composer_states_filepath: Union[Path, str], map_location: str = "cpu",
+                    load_monolith_rank0_only: bool = False) -> dict[str, Any]:
+    """A ``full`` checkpoint file's dict (Composer's layout: ``["state"]["model"]``, ...),
+    read with restricted unpickling (``weights_only=True`` plus the few Composer types a
+    Composer 0.32 file pickles), so a checkpoint either cadence or Composer wrote loads.
+
+    Args:
+        composer_states_filepath: the local ``.pt`` file.
+        map_location: ``"cpu"`` (the only place a checkpoint is read to).
+        load_monolith_rank0_only: rank 0 alone reads the file and broadcasts everything but
+            the model and optimizer state to the other ranks, whose ``["state"]["model"]``
+            and ``["state"]["optimizers"]`` are then None (as Composer).
+
+    Raises:
+        ValueError: ``map_location`` is not ``"cpu"``.
+        CheckpointError: the file is missing, corrupt, or holds objects a checkpoint may not.
+    """
+    if map_location != "cpu":
+        raise ValueError(f"safe_torch_load reads checkpoints to the CPU; got map_location="
+                         f"{map_location!r}. Move the tensors afterwards (tensor.to(device)).")
+    path = Path(composer_states_filepath)
+    if not load_monolith_rank0_only or dist.get_world_size() == 1:
+        return _impl.safe_torch_load(path, composer=True)
+    held: dict[str, Any] = {}
+    shared: list[Any] = [None]
+    if dist.get_global_rank() == 0:
+        loaded = _impl.safe_torch_load(path, composer=True)
+        for key in ("model", "optimizers"):
+            if key in loaded.get("state", {}):
+                held[key] = loaded["state"][key]
+                loaded["state"][key] = None
+        shared[0] = loaded
+    dist.broadcast_object_list(shared, src=0)
+    state_dict: dict[str, Any] = shared[0]
+    state_dict.setdefault("state", {}).update(held)
+    return state_dict

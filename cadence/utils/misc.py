@@ -14,6 +14,7 @@ semantics (torchvision is not needed: see :func:`add_vision_dataset_transform`).
 from __future__ import annotations
 
 import math
+import string
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from torch import nn
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from cadence.core import State
 
 __all__ = ["add_vision_dataset_transform", "create_interval_scheduler", "interval_crossed",
-           "unwrap_model"]
+           "partial_format", "unwrap_model"]
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -218,3 +219,21 @@ def add_vision_dataset_transform(dataset: Any, transform: Callable[[Any], Any],
             f"a Compose-like object with a 'transforms' list.")
     dataset.transform = _Composed([current, transform] if is_tensor_transform
                                   else [transform, current])
+
+
+def partial_format(template: str, **values: Any) -> str:
+    """Fill the fields of ``template`` named in ``values``; leave the others as written
+    (Composer formats a load path this way). A path that is not a valid template (a lone
+    brace) is returned as is."""
+    out = []
+    try:
+        for literal, field, spec, conversion in string.Formatter().parse(template):
+            out.append(literal)
+            if field is None:
+                continue
+            text = ("{" + field + (f"!{conversion}" if conversion else "")
+                    + (f":{spec}" if spec else "") + "}")
+            out.append(text.format(**values) if field in values else text)
+    except ValueError:
+        return template
+    return "".join(out)

@@ -238,3 +238,39 @@ def test_ensure_evaluator_wraps_loaders_and_keeps_evaluators() -> None:
     assert ensure_evaluator(given, default_metric_names=[]) is given
     from_dict = ensure_evaluator({"label": "held_out", "dataloader": loader}, ["Accuracy"])
     assert from_dict.label == "held_out" and from_dict.metric_names == ["Accuracy"]
+
+
+def test_token_counter_returning_a_dict_by_token_type() -> None:
+    """B3 (issue 33): llm-foundry's counter returns ``{'total': n, 'loss_generating': m}``;
+    the timestamp counts ``total``, and ``token_type=`` picks either (Composer's API)."""
+    loader = make_dataloader(num_batches=2, batch_size=4)
+    spec = DataSpec(loader, get_num_tokens_in_batch=lambda b: {
+        "total": 5 * len(b[0]), "loss_generating": 3 * len(b[0])})
+    batch = next(iter(loader))
+    assert spec.get_num_tokens_in_batch(batch) == 20
+    assert spec.get_num_tokens_in_batch(batch, token_type="loss_generating") == 12
+    with pytest.raises(ValueError, match="'padding'.*loss_generating"):
+        spec.get_num_tokens_in_batch(batch, token_type="padding")
+    trainer = Trainer(model=SimpleModel(), train_dataloader=spec, max_duration="2ba",
+                      progress_bar=False)
+    trainer.fit()
+    assert int(trainer.state.timestamp.token) == 2 * 20
+    bad = DataSpec(loader, get_num_tokens_in_batch=lambda b: "many")
+    with pytest.raises(ValueError, match="str"):
+        bad.get_num_tokens_in_batch(batch)
+
+
+def test_split_of_a_mapping_holding_a_list_of_0_dim_tensors() -> None:
+    """B4 (issue 33): a list value in a mapping is a list of samples, sliced as a list
+    (llm-foundry's in-context-learning batches hold lists of 0-dim tensors)."""
+    from cadence.core.data_spec import _default_split_batch, _split_list
+
+    batch = {"input_ids": torch.arange(8).reshape(4, 2),
+             "gold": [torch.tensor(i) for i in range(4)], "mode": "icl"}
+    chunks = _default_split_batch(batch, 2)
+    assert len(chunks) == 2
+    assert [int(t) for t in chunks[1]["gold"]] == [2, 3]
+    assert torch.equal(chunks[1]["input_ids"], torch.tensor([[4, 5], [6, 7]]))
+    assert chunks[0]["mode"] == "icl"
+    assert _split_list([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]
+    assert _split_list([1], 4) == [[1]]

@@ -340,9 +340,20 @@ def test_missing_wandb_says_how_to_install(monkeypatch: pytest.MonkeyPatch,
         _begin(wandb_logger, state, Logger(state, [wandb_logger]))
 
 
-def test_rejects_config_in_init_kwargs() -> None:
-    with pytest.raises(ValueError, match="hyperparameters"):
-        WandBLogger(init_kwargs={"config": {"a": 1}})
+def test_config_in_init_kwargs_is_the_initial_config(fake_wandb: list[FakeRun],
+                                                     tmp_path: Path) -> None:
+    """Composer passes ``init_kwargs['config']`` to ``wandb.init`` (llm-foundry does so);
+    hyperparameters logged before the run starts are merged over it."""
+    state = _state(tmp_path)
+    wandb_logger = WandBLogger(init_kwargs={"config": {"a": 1, "lr": 0.1}, "mode": "disabled"})
+    logger = Logger(state, [wandb_logger])
+    logger.log_hyperparameters({"lr": 0.5})
+    _begin(wandb_logger, state, logger)
+    (run,) = fake_wandb
+    assert run.init_kwargs["config"] == {"a": 1, "lr": 0.5}
+    wandb_logger.close()
+    with pytest.raises(TypeError, match="config"):
+        WandBLogger(init_kwargs={"config": "not a dict"})
 
 
 def test_a_resumed_run_continues_the_checkpoints_wandb_run(fake_wandb: list[FakeRun],
