@@ -147,7 +147,7 @@ def to_huggingface(checkpoint: Path, out_dir: Path, merge: bool = False) -> Path
         model = peft_model_from_state(weights, metadata, _hf_class(described["class"]),
                                       described["config"], checkpoint)
         return save_peft(model, out_dir, merge, _hf_tokenizer(described["tokenizer"]))
-    model, tokenizer = hf_model_from_checkpoint(checkpoint, state=state)
+    model, tokenizer = hf_model_from_checkpoint(checkpoint, state=state, strict=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     if tokenizer is not None:
