@@ -89,6 +89,9 @@ class CountingOpen:
                     def get_shape(self) -> list[int]:
                         return part.get_shape()
 
+                    def get_dtype(self) -> str:
+                        return part.get_dtype()
+
                     def __getitem__(self, index: Any) -> torch.Tensor:
                         data = part[index]
                         counter.bytes += data.numel() * data.element_size()
