@@ -213,6 +213,22 @@ def test_resume_onto_another_base_is_refused(tmp_path: Path) -> None:
     assert "adapters trained on the base" in message
 
 
+def test_resume_with_another_adapter_config_is_refused(tmp_path: Path) -> None:
+    """The checkpoint records the adapter's peft config: a resume whose config differs
+    (``lora_alpha`` 8 -> 64: same shapes, another scale) is refused, naming the key and
+    both values."""
+    run(tmp_path, lora_model(seed=0), stop_at=2)
+    checkpoint = next(p for p in tmp_path.iterdir() if p.name.startswith("ep"))
+    base = base_model(0)
+    torch.manual_seed(1)
+    config = LoraConfig(r=4, lora_alpha=64, target_modules=["c_attn"], lora_dropout=0.1,
+                        fan_in_fan_out=True, task_type="CAUSAL_LM")
+    other = HuggingFaceModel(base, peft_config=config, should_save_peft_only=True)
+    with pytest.raises(CheckpointError, match=r"lora_alpha.*8.*64"):
+        Trainer(model=other, train_dataloader=DataLoader(Counting(), batch_size=4),
+                max_duration="4ba", load_path=str(checkpoint), progress_bar=False)
+
+
 def _two_ranks(folder: str) -> None:
     """LoRA under FSDP2: the base sharded and frozen, adapters trained, adapter-only sharded
     checkpoint resumed exactly."""
