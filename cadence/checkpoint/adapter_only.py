@@ -17,8 +17,8 @@ from typing import Any, Optional
 
 from torch import nn
 
-__all__ = ["METADATA_KEY", "adapter_metadata", "base_mismatch", "model_state_dict",
-           "saves_adapters_only"]
+__all__ = ["METADATA_KEY", "adapter_metadata", "base_difference", "base_mismatch",
+           "model_state_dict", "saves_adapters_only"]
 
 METADATA_KEY = "adapter_only"
 """The checkpoint metadata key: ``{"base": {"name_or_path", "crc32c", "over"}, "adapter":
@@ -135,12 +135,35 @@ def base_mismatch(path: Path, metadata: dict[str, Any], model: nn.Module) -> Opt
     if adapter is not None:
         return adapter
     mine = dict(getattr(_inner(model), "peft_base", None) or {})
-    same_crc = base.get("crc32c") == mine.get("crc32c") and base.get("over") == mine.get("over")
-    if base.get("crc32c") and mine.get("crc32c") and same_crc:
-        return None
-    if not (base.get("crc32c") and mine.get("crc32c")) and \
-            base.get("name_or_path") == mine.get("name_or_path"):
+    difference = base_difference(base, mine)
+    if difference is None:
         return None
     return (f"{path} holds adapters trained on the base {_describe(base)}, but this run's base "
-            f"is {_describe(mine)}: the adapters would be applied to other weights. Resume on "
-            f"the checkpoint's base (pretrained_model_name_or_path), or start a new run.")
+            f"is {_describe(mine)}{difference}: the adapters would be applied to other "
+            f"weights. Resume on the checkpoint's base (pretrained_model_name_or_path), or "
+            f"start a new run.")
+
+
+def base_difference(saved: dict[str, Any], mine: dict[str, Any]) -> Optional[str]:
+    """How the base ``mine`` differs from the recorded ``saved`` (``", tensor X differs"``,
+    ``", config.json's K is A, not B"``, or ``""`` when only the checksums say so), or None
+    when they are the same base. Identities without a checksum (built on the meta device),
+    or with the older checksum of the raw weight files, compare by name only."""
+    legacy = saved.get("over") == "weight files"  # an older checksum of the raw files
+    if legacy or not (saved.get("crc32c") and mine.get("crc32c")):
+        return None if saved.get("name_or_path") == mine.get("name_or_path") else ""
+    if saved.get("crc32c") == mine.get("crc32c") and saved.get("over") == mine.get("over"):
+        return None
+    before, now = saved.get("tensors"), mine.get("tensors")
+    if isinstance(before, dict) and isinstance(now, dict):
+        for name in sorted(set(before) | set(now)):
+            if before.get(name) != now.get(name):
+                what = ("is missing" if name not in now else "is new" if name not in before
+                        else "has other values")
+                return f", tensor {name!r} {what}"
+    before, now = saved.get("config"), mine.get("config")
+    if isinstance(before, dict) and isinstance(now, dict):
+        for key in sorted(set(before) | set(now)):
+            if before.get(key) != now.get(key):
+                return f", config.json's {key!r} is {now.get(key)!r} (was {before.get(key)!r})"
+    return ""
