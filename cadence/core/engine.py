@@ -61,6 +61,7 @@ Traces = dict[str, Trace]
 PassSpec = Union[AlgorithmPass, tuple[AlgorithmPass, int]]
 
 _INIT = Event.INIT
+_CHECKPOINT_EVENTS = frozenset({Event.BATCH_CHECKPOINT, Event.EPOCH_CHECKPOINT})
 
 
 def _overrides(callback: Any, event: Event) -> bool:
@@ -131,6 +132,10 @@ def _is_open(obj: Any) -> bool:
 
 class Engine:
     """Runs algorithms, callbacks and logger destinations on each event.
+
+    On ``BATCH_CHECKPOINT`` and ``EPOCH_CHECKPOINT`` every callback and destination runs
+    even when one before it raises (the first error is raised after), so a failing callback
+    never costs the checkpoint due at that event.
 
     Composer's lifetime rules: ``INIT`` refuses a callback or destination still open in
     another engine (not yet closed); :meth:`close` closes them (once), and so does dropping
@@ -254,11 +259,31 @@ class Engine:
                 callback.run_event(event, state, logger)
             return self._run_algorithms(event)
         traces = self._run_algorithms(event) if algorithms else {}
+        if event in _CHECKPOINT_EVENTS:
+            self._run_all_then_raise(event, [*callbacks, *destinations])
+            return traces
         for callback in callbacks:
             callback.run_event(event, state, logger)
         for destination in destinations:
             destination.run_event(event, state, logger)
         return traces
+
+    def _run_all_then_raise(self, event: Event, receivers: Sequence[Any]) -> None:
+        """Every receiver runs ``event`` even when one before it fails; the first error is
+        raised after. On the checkpoint events this keeps a failing callback (a generation,
+        a metric) from costing the checkpoint due there."""
+        error: Optional[BaseException] = None
+        for receiver in receivers:
+            try:
+                receiver.run_event(event, self.state, self.logger)
+            except Exception as exc:
+                if error is None:
+                    error = exc
+                else:
+                    log.error("%s also failed at %s", type(receiver).__name__, event.value,
+                              exc_info=exc)
+        if error is not None:
+            raise error
 
     def _run_algorithms(self, event: Event) -> Traces:
         state = self.state
