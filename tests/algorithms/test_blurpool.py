@@ -10,7 +10,7 @@ from torch import nn
 from cadence import Event
 from cadence.algorithms import BlurPool, apply_blurpool
 from cadence.algorithms.warnings import NoEffectWarning
-from cadence.algorithms.blurpool import (
+from cadence.algorithms.blurpool.blurpool import (
     BlurConv2d,
     BlurMaxPool2d,
     BlurPool2d,
@@ -109,12 +109,12 @@ def test_blurpool_in_a_trainer() -> None:
 
 
 @pytest.mark.parametrize("surgery", [
-    "cadence.algorithms.blurpool:apply_blurpool",
-    "cadence.algorithms.squeeze_excite:apply_squeeze_excite",
-    "cadence.algorithms.ghost_batchnorm:apply_ghost_batchnorm",
-    "cadence.algorithms.weight_standardization:apply_weight_standardization",
-    "cadence.algorithms.factorize:apply_factorization",
-    "cadence.algorithms.stochastic_depth:apply_stochastic_depth",
+    "cadence.algorithms.blurpool.blurpool:apply_blurpool",
+    "cadence.algorithms.squeeze_excite.squeeze_excite:apply_squeeze_excite",
+    "cadence.algorithms.ghost_batchnorm.ghost_batchnorm:apply_ghost_batchnorm",
+    "cadence.algorithms.weight_standardization.weight_standardization:apply_weight_standardization",
+    "cadence.algorithms.factorize.factorize:apply_factorization",
+    "cadence.algorithms.stochastic_depth.stochastic_depth:apply_stochastic_depth",
 ])
 def test_surgery_after_sharding_is_refused(surgery: str) -> None:
     """Every surgery of the vision algorithms refuses a model already sharded (FSDP2)."""

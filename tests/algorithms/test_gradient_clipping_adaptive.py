@@ -12,7 +12,7 @@ import torch
 
 from cadence import Callback, State, Trainer
 from cadence.algorithms import GradientClipping, apply_gradient_clipping
-from cadence.algorithms.gradient_clipping import unitwise_norm
+from cadence.algorithms.gradient_clipping.gradient_clipping import unitwise_norm
 from tests.common.models import SimpleModel, make_dataloader
 
 
