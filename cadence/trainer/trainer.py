@@ -572,18 +572,28 @@ class Trainer:
             state.model.train()
         self._weighting.begin_batch(batch, batch_size, state.device)  # tokens: one all-reduce
         num_tokens = self._batch_tokens
-        gradients = functools.partial(self._batch_gradients, batch, batch_size)
-        if uses_closure(state.optimizers):  # SAM: the optimizer calls forward-backward itself
-            for optimizer in state.optimizers:
-                step_with_closure(optimizer, gradients, state.scaler)
+        stepped = self._weighting.has_loss_tokens  # False: every label -100, no step
+        if stepped:
+            self._weighting.note_stepped()
+            gradients = functools.partial(self._batch_gradients, batch, batch_size)
+            if uses_closure(state.optimizers):  # SAM: the optimizer runs forward-backward
+                for optimizer in state.optimizers:
+                    step_with_closure(optimizer, gradients, state.scaler)
+            else:
+                gradients()
+                self._optimizer_step()
         else:
-            gradients()
-            self._optimizer_step()
+            skipped = self._weighting.note_skipped()
+            log.warning("Batch %d has no loss token (every label is -100): its step is "
+                        "skipped (%d batch%s skipped so far).", int(state.timestamp.batch) + 1,
+                        skipped, "" if skipped == 1 else "es")
         world = state.parallel_dims.dp_size  # ranks with their own samples (a TP group shares one batch)
         state.previous_timestamp = state.timestamp
         state.timestamp = state.timestamp.to_next_batch(
             self._batch_samples * world, num_tokens * world,
             self._wall_clock.lap(state, self.eval_interval))
+        if not stepped:
+            return
         self._step_schedulers(every_batch=True)
         if self._run_plan.log_after_batch(state, int(state.timestamp.batch)):  # log_interval
             self._log_train_metrics()
