@@ -129,3 +129,25 @@ def test_surgery_after_sharding_is_refused(surgery: str) -> None:
     with pytest.raises(TypeError, match="already parallelized"):
         args = ("ResNetBottleneck",) if function == "apply_stochastic_depth" else ()
         getattr(importlib.import_module(module_name), function)(net, *args)
+
+
+def test_apply_blurpool_logs_composers_summary(caplog: pytest.LogCaptureFixture) -> None:
+    """Composer's docs: "Applied BlurPool to model ResNet. Model now has 1 BlurMaxPool2d and
+    6 BlurConv2D layers." The same words, for a ResNet-shaped stem and two strided stages
+    (the 3-channel stem conv is below min_channels and stays)."""
+    import logging
+
+    from cadence.algorithms.blurpool import apply_blurpool
+
+    class ResNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = torch.nn.Conv2d(3, 16, 7, stride=2, padding=3)
+            self.maxpool = torch.nn.MaxPool2d(3, stride=2, padding=1)
+            self.stage2 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+            self.down2 = torch.nn.Conv2d(16, 32, 1, stride=2)
+
+    with caplog.at_level(logging.INFO, logger="cadence.algorithms.blurpool.blurpool"):
+        apply_blurpool(ResNet())
+    assert "Applied BlurPool to model ResNet. Model now has 1 BlurMaxPool2d and 2 BlurConv2D " \
+           "layers." in caplog.text

@@ -84,8 +84,8 @@ def apply_blurpool(model: nn.Module, replace_convs: bool = True, replace_maxpool
             + (["MaxPool2d"] if replace_maxpools else []))
         warnings.warn(f"BlurPool changed nothing in {type(model).__name__}: it has no "
                       f"{looked_for}.", NoEffectWarning, stacklevel=2)
-    log.info("Applied BlurPool to %s: %d BlurMaxPool2d, %d BlurConv2d.", type(model).__name__,
-             pools, convs)
+    log.info("Applied BlurPool to model %s. Model now has %d BlurMaxPool2d and %d BlurConv2D "
+             "layers.", type(model).__name__, pools, convs)  # Composer's words
 
 
 @algorithms.register("blurpool")
