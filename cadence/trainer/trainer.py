@@ -52,7 +52,7 @@ from cadence.parallel.data import (
 )
 from cadence.core.precision import Precision
 from cadence.trainer.run_plan import RunPlan
-from cadence.trainer.eval_loop import evaluate
+from cadence.trainer.eval_loop import EvalInterrupted, evaluate
 from cadence.trainer.predict import predict_loop
 from cadence.profiler.profiler import bind_profilers
 from cadence.trainer.preemption import Preemption
@@ -748,17 +748,25 @@ class Trainer:
             return {}
         self.engine.run_event(Event.EVAL_BEFORE_ALL)
         results: dict[str, float] = {}
-        for evaluator in due:
-            limit = subset_num_batches
-            if limit is None or limit == -1:
-                limit = (self.eval_subset_num_batches if evaluator.subset_num_batches is None
-                         else evaluator.subset_num_batches)
-            results.update(self._eval_one(evaluator, int(limit)))
+        # during fit, a preemption signal stops an evaluation at its next batch boundary
+        stop = (lambda: self._preemption.requested() is not None) if event is not None \
+            else None
+        try:
+            for evaluator in due:
+                limit = subset_num_batches
+                if limit is None or limit == -1:
+                    limit = (self.eval_subset_num_batches if evaluator.subset_num_batches is None
+                             else evaluator.subset_num_batches)
+                results.update(self._eval_one(evaluator, int(limit), stop))
+        except EvalInterrupted:  # save the batches trained, close, raise Preempted
+            self._preemption.stop(self.state, self.logger, self.close)
         self.engine.run_event(Event.EVAL_AFTER_ALL)
         return results
 
-    def _eval_one(self, evaluator: Evaluator, limit: int) -> dict[str, float]:
-        return evaluate(self.state, self.engine, self.logger, self._module, evaluator, limit)
+    def _eval_one(self, evaluator: Evaluator, limit: int,
+                  stop: Optional[Callable[[], bool]] = None) -> dict[str, float]:
+        return evaluate(self.state, self.engine, self.logger, self._module, evaluator, limit,
+                        stop)
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
