@@ -253,7 +253,11 @@ def _launch(args: argparse.Namespace) -> int:
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     watcher = RankWatcher()
     watcher.start()
-    recorder = AttemptRecorder()
+    from cadence.trainer.preemption import parse_signals
+
+    # a rank that saved and exited 128 + a preemption signal is not a failure: no restart
+    recorder = AttemptRecorder(128 + int(sig) for sig in
+                               parse_signals(getattr(cfg, "preemption_signals", ())))
     try:
         with recorder:
             run(torchrun_args)

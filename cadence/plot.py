@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
@@ -47,18 +48,35 @@ def _metrics_file(run: Path) -> Path:
                      "logger (loggers: {file: {}} in the run file).")
 
 
-def _records(run: PathLike) -> Iterator[dict]:
+def _records(run: PathLike, warn: bool = True) -> Iterator[dict]:
+    """The JSON objects of a run's metrics file, in order. Lines that are not JSON (a cut
+    last line, the NUL bytes a crash leaves, binary garbage) are skipped, and named in one
+    ``UserWarning`` at the end; a file without a single JSON line is an error."""
     path = _metrics_file(Path(run))
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
+    bad: list[int] = []
+    good = 0
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            line = raw.strip(b" \t\r\n")
+            if not line:
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number} is not a JSON line ({exc.msg}).") from None
+                record = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                bad.append(number)
+                continue
+            good += 1
             if isinstance(record, dict):
                 yield record
+    if not bad or (good and not warn):
+        return
+    shown = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+    if not good:
+        raise ValueError(f"{path} holds no JSON line (not JSON: line {shown}); is it a "
+                         f"FileLogger's metrics file?")
+    warnings.warn(f"{path}: {len(bad)} line{'s are' if len(bad) > 1 else ' is'} not JSON and "
+                  f"left out (lines {shown}; a crash can leave a damaged tail).", UserWarning,
+                  stacklevel=3)
 
 
 def _is_resume(record: dict) -> bool:
@@ -74,7 +92,7 @@ def resume_steps(run: PathLike) -> list[int]:
     Returns:
         The ``step`` of every ``{"event": "resume", "step": N}`` line.
     """
-    return [record["step"] for record in _records(run) if _is_resume(record)]
+    return [record["step"] for record in _records(run, warn=False) if _is_resume(record)]
 
 
 def load_metrics(run: PathLike, final: bool = True) -> RunMetrics:
@@ -93,8 +111,9 @@ def load_metrics(run: PathLike, final: bool = True) -> RunMetrics:
         other non-numeric values are left out.
 
     Raises:
-        ValueError: no such folder or file, no metrics file in it, or a line that is not
-            JSON (the message names the file and line).
+        ValueError: no such folder or file, no metrics file in it, or no JSON line in it.
+            Lines that are not JSON are left out with a ``UserWarning`` naming the file and
+            the lines.
     """
     series: RunMetrics = {}
     for record in _records(run):

@@ -101,8 +101,24 @@ def test_non_finite_values_and_bad_lines(tmp_path: Path) -> None:
     assert steps == [1, 2] and values[0] != values[0] and values[1] == 1.5
     assert "name" not in load_metrics(path)
     path.write_text("{not json\n")
-    with pytest.raises(ValueError, match=r"m.jsonl:1 is not a JSON line"):
+    with pytest.raises(ValueError, match=r"m.jsonl holds no JSON line.*line 1"):
         load_metrics(path)
+
+
+def test_a_damaged_tail_or_binary_garbage_is_skipped_with_a_warning(tmp_path: Path) -> None:
+    """What a crash leaves (NUL bytes, a cut line) or binary garbage: the good lines are
+    plotted, one warning names the file and the bad lines."""
+    path = tmp_path / "metrics.jsonl"
+    good = [json.dumps({"step": s, "loss": 1.0 / s}) for s in (1, 2, 3)]
+    path.write_bytes(("\n".join(good[:2]) + "\n").encode() + b"\xff\xfe\x00garbage\x89PNG\n"
+                     + (good[2] + "\n").encode() + b"\x00" * 64 + b'{"step": 4, "lo')
+    with pytest.warns(UserWarning, match=r"metrics.jsonl: 2 lines are not JSON .*lines 3, 5"):
+        steps, values = load_metrics(path)["loss"]
+    assert steps == [1, 2, 3] and values == pytest.approx([1.0, 0.5, 1 / 3])
+    out = tmp_path / "plot.png"
+    with pytest.warns(UserWarning, match="metrics.jsonl"):
+        assert main(["plot", str(path), "--metrics", "loss", "-o", str(out)]) == 0
+    assert out.is_file()
 
 
 def test_resume_marks_give_the_final_curve(tmp_path: Path) -> None:

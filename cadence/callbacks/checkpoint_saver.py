@@ -200,10 +200,15 @@ class CheckpointSaver(Callback):
     @property
     def saved_checkpoints(self) -> list[str]:
         """Paths (URLs in a remote folder) of the checkpoints this run saved and still
-        keeps, oldest first."""
+        keeps, oldest first; a local path is the save folder as given joined with the name
+        (``'./path/to/checkpoints/ep1.pt'``, as Composer's)."""
         if self._run_folder is None:
             return []
-        return [self._run_folder.location(name) for name in self.saved]
+        folder = self._run_folder
+        if folder.is_remote or "://" in folder.url:
+            return [folder.location(name) for name in self.saved]
+        # the folder as given, joined as Composer does: './ckpts' -> './ckpts/ep1.pt'
+        return [os.path.join(folder.url, name) for name in self.saved]
 
     def run_folder(self, state: State) -> RunFolder:
         """The checkpoint folder of ``state``'s run (``{run_name}`` filled in), local or

@@ -72,6 +72,32 @@ class ExportForInferenceCallback(Callback):
         self.input_names = None if input_names is None else list(input_names)
         self.output_names = None if output_names is None else list(output_names)
 
+    def fit_start(self, state: State, logger: Any) -> None:
+        """A TorchScript export without ``sample_input`` (so nothing to trace with) and
+        without ``transforms`` is tried now, so a model TorchScript cannot compile fails
+        before training, not after it (unsharded models only; the export at ``FIT_END``
+        refuses sharded ones anyway).
+
+        Raises:
+            ValueError: naming the model, torch's reason and the fixes.
+        """
+        del logger
+        if self._format != "torchscript" or self.sample_input is not None or self.transforms \
+                or state.fsdp_enabled:
+            return
+        from cadence.utils.inference import scripting_error
+
+        model = unwrap_model(state.model)
+        error = scripting_error(model)
+        if error is not None:
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise ValueError(
+                f"ExportForInferenceCallback: {type(model).__name__} cannot be exported as "
+                f"TorchScript: torch.jit.script failed ({type(error).__name__}: {reason}). "
+                f"Give sample_input= (the model is traced with it instead), or use "
+                f"save_format='onnx' (traced with the first batch). Checked at FIT_START, "
+                f"before training.")
+
     def after_dataloader(self, state: State, logger: Any) -> None:
         del logger
         if self.sample_input is None and self._format == "onnx":

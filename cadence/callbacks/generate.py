@@ -44,8 +44,10 @@ class Generate(Callback):
         kwargs: passed to ``generate`` (``max_new_tokens=``, ``do_sample=``, ``top_p=``...).
 
     Raises:
-        ValueError: ``prompts`` is empty or not all strings; ``batch_size`` < 1; (at the
-            event) the model cannot generate or has no tokenizer.
+        ValueError: ``prompts`` is empty or not all strings; ``batch_size`` < 1; (at
+            ``FIT_START``) an empty prompt, or one whose tokens plus ``max_new_tokens`` pass
+            the model's context; (at the event) the model cannot generate or has no
+            tokenizer.
     """
 
     def __init__(self, prompts: Sequence[str], interval: Union[str, int, Time],
@@ -61,7 +63,42 @@ class Generate(Callback):
         self.check_interval = create_interval_scheduler(interval, include_end_of_training=True)
         self.last_generate_batch: Optional[Time] = None
 
+    def fit_start(self, state: State, logger: Any) -> None:
+        """Check the prompts before training: none empty, and each prompt's tokens plus the
+        new tokens within the model's context (``n_positions`` / ``max_position_embeddings``).
+
+        Raises:
+            ValueError: naming the prompt (1-based), its length and the limit.
+        """
+        del logger
+        model = getattr(state.model, "module", state.model)
+        tokenizer = getattr(model, "tokenizer", None)
+        if tokenizer is None or not callable(getattr(model, "generate", None)):
+            return  # refused, with its reason, at the first generation
+        config = getattr(getattr(model, "model", model), "config", None)
+        context = next((getattr(config, name) for name in
+                        ("n_positions", "max_position_embeddings", "max_seq_len")
+                        if isinstance(getattr(config, name, None), int)), None)
+        new = self.generate_kwargs.get("max_new_tokens")
+        if new is None:
+            new = getattr(getattr(getattr(model, "model", model), "generation_config", None),
+                          "max_new_tokens", None)
+        for number, prompt in enumerate(self.prompts, start=1):
+            tokens = len(tokenizer(prompt)["input_ids"])
+            if tokens == 0:
+                raise ValueError(f"Generate prompt {number} is empty ({prompt!r}): there is "
+                                 f"nothing to continue; remove it or give it text.")
+            if context is not None and tokens + int(new or 0) > context:
+                raise ValueError(
+                    f"Generate prompt {number} ({prompt[:40]!r}...) is {tokens} tokens; "
+                    f"with + {int(new or 0)} new tokens (max_new_tokens) that is past the "
+                    f"model's context of {context} tokens. Shorten the prompt or lower "
+                    f"max_new_tokens (checked at FIT_START, before training).")
+
     def run_event(self, event: Event, state: State, logger: Any) -> None:
+        if event == Event.FIT_START:
+            self.fit_start(state, logger)
+            return
         if state.timestamp.batch == self.last_generate_batch:
             return  # once per batch, even when the batch also ends an epoch or the run
         if not self.check_interval(state, event):

@@ -44,8 +44,9 @@ class OptimizerMonitor(Callback):
       by the loss scale.
     - ``l2_norm/param/global``: the norm of all parameters, read at ``BATCH_END`` (after the
       optimizer step: the weights the next batch uses).
-    - with ``log_per_layer``: ``l2_norm/grad/<param name>`` and ``l2_norm/param/<param name>``
-      for every parameter (names as in the unwrapped model's ``named_parameters``).
+    - with ``log_per_layer`` (default, as Composer always does): ``l2_norm/grad/<param
+      name>`` for every parameter with a gradient, and ``l2_norm/param/<param name>`` for
+      every parameter (names as in the unwrapped model's ``named_parameters``).
     - with ``log_optimizer_metrics`` and an optimizer that has
       ``report_per_parameter_metrics(param, name, metrics)`` (e.g.
       :class:`~cadence.optim.decoupled_weight_decay.DecoupledAdamW`): what it reports per parameter,
@@ -57,15 +58,16 @@ class OptimizerMonitor(Callback):
     destination writes them, so the callback itself adds no host sync. Per-layer and
     optimizer metrics under FSDP cost a small all-reduce per parameter on logging steps.
 
-    Differences from Composer's ``OptimizerMonitor``, on purpose: per-parameter gradient
-    norms are off unless ``log_per_layer`` (Composer always logs them: one metric per
-    parameter per logged step); the global parameter norm is added.
+    Differences from Composer's ``OptimizerMonitor``, on purpose: the parameter norms are
+    added; ``log_per_layer=False`` leaves out the per-parameter norms (one metric, and under
+    FSDP one small all-reduce, per parameter per logged step), which Composer always logs.
 
     Args:
         log_optimizer_metrics: log the optimizer's per-parameter metrics; default True
             (Composer's).
         batch_log_interval: log at steps that are multiples of this (Composer's); default 10.
-        log_per_layer: also log each parameter's gradient and weight norm (default off).
+        log_per_layer: also log each parameter's gradient and weight norm; default True
+            (Composer logs the gradient norms always).
         log_interval: deprecated name of ``batch_log_interval`` (an ``int`` or ``"10ba"``).
 
     Raises:
@@ -74,7 +76,7 @@ class OptimizerMonitor(Callback):
 
     def __init__(self, log_optimizer_metrics: bool = True,
                  batch_log_interval: Union[int, str, Time] = 10, *,
-                 log_per_layer: bool = False,
+                 log_per_layer: bool = True,
                  log_interval: Union[int, str, Time, None] = None) -> None:
         if log_interval is not None:
             warnings.warn("OptimizerMonitor(log_interval=) is deprecated; use "

@@ -21,8 +21,9 @@ _SECONDS_PER_UNIT = {"seconds": 1.0, "minutes": 60.0, "hours": 3600.0, "days": 8
 
 @callbacks.register("runtime_estimator")
 class RuntimeEstimator(EvalClockCallback):
-    """Logs ``wall_clock/remaining_estimate``, the estimated training time left, at every
-    ``BATCH_END`` once ``skip_batches`` batches of this ``fit`` have run.
+    """Logs ``time/remaining_estimate``, the estimated training time left, at every
+    ``BATCH_END`` once ``skip_batches`` batches of this ``fit`` have run, and its unit as
+    the hyperparameter ``time/remaining_estimate_unit`` at ``INIT`` (Composer's names).
 
     The estimate extrapolates the training rate measured since the skipped batches::
 
@@ -70,6 +71,10 @@ class RuntimeEstimator(EvalClockCallback):
         self._start_duration = 0.0  # elapsed duration then
         self._eval_seconds_at_start = 0.0
 
+    def init(self, state: State, logger: Any) -> None:
+        del state
+        logger.log_hyperparameters({"time/remaining_estimate_unit": self.time_unit})
+
     # -- training clock -------------------------------------------------------------------
     def fit_start(self, state: State, logger: Any) -> None:
         del logger
@@ -108,4 +113,4 @@ class RuntimeEstimator(EvalClockCallback):
         eval_seconds = self._eval_seconds - self._eval_seconds_at_start
         train_seconds = max(0.0, now - self._start_time - eval_seconds)
         remaining = train_seconds / progress * max(0.0, 1.0 - duration)
-        logger.log_metrics({"wall_clock/remaining_estimate": remaining / self._divider})
+        logger.log_metrics({"time/remaining_estimate": remaining / self._divider})

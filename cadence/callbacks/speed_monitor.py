@@ -155,6 +155,32 @@ class SpeedMonitor(EvalClockCallback):
         self._fit_started_at: Optional[float] = None
         self._eval_seconds_at_fit_start = 0.0
 
+    # -- Composer's window, per batch ------------------------------------------------------
+    def _deltas(self, field: str) -> deque[Union[int, float]]:
+        values = [getattr(p, field) for p in self._history]
+        return deque((b - a for a, b in zip(values, values[1:])), maxlen=self.window_size)
+
+    @property
+    def history_samples(self) -> deque[Union[int, float]]:
+        """Samples of each batch in the window (Composer's attribute; up to
+        ``window_size`` entries, newest last; the first batch of a fit is not in it)."""
+        return self._deltas("sample")
+
+    @property
+    def history_tokens(self) -> deque[Union[int, float]]:
+        """Tokens of each batch in the window (Composer's attribute)."""
+        return self._deltas("token")
+
+    @property
+    def history_wct(self) -> deque[Union[int, float]]:
+        """Training seconds of each batch in the window (Composer's attribute)."""
+        return self._deltas("train_seconds")
+
+    @property
+    def history_flops(self) -> deque[Union[int, float]]:
+        """This rank's model FLOPs of each batch in the window (Composer's attribute)."""
+        return self._deltas("flops")
+
     # -- clock ----------------------------------------------------------------------------
     def _train_seconds(self, now: float) -> float:
         if self._fit_started_at is None:
@@ -252,8 +278,7 @@ class SpeedMonitor(EvalClockCallback):
         del state, logger
         now = time.perf_counter()
         self._train_offset = self._train_seconds(now)
-        self._fit_started_at = None
-        self._history.clear()
+        self._fit_started_at = None  # the window stays readable (history_*) until the next fit
 
     # -- checkpointing --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from cadence.checkpoint.checkpoint import (
 from cadence.checkpoint.files import (
     EXTRA_FILE, is_complete, remove_checkpoint, temporary_path,
 )
+from cadence.checkpoint.model_fit import listed_keys
 from cadence.checkpoint.safe_unpickle import SafeFileSystemReader
 from cadence.checkpoint.writing import write_full_file
 from cadence.utils.misc import unwrap_model
@@ -201,7 +202,8 @@ def _hf_class(name_or_class: Any) -> Any:
 def hf_model_from_checkpoint(checkpoint: Path, model_instantiation_class: Any = None,
                              model_config_kwargs: Optional[dict[str, Any]] = None,
                              trust_remote_code: bool = False,
-                             state: Optional[dict[str, Any]] = None) -> tuple[Any, Any]:
+                             state: Optional[dict[str, Any]] = None,
+                             strict: bool = False) -> tuple[Any, Any]:
     """The ``transformers`` model (and tokenizer, or None) in the checkpoint ``checkpoint``
     (local; cadence's, full or sharded, or a full one Composer wrote), its weights loaded.
 
@@ -213,10 +215,14 @@ def hf_model_from_checkpoint(checkpoint: Path, model_instantiation_class: Any = 
         model_config_kwargs: config fields to override.
         trust_remote_code: passed to ``from_config`` of an ``AutoModel`` class.
         state: the checkpoint's state if already read (:func:`load_full_state`).
+        strict: refuse keys only one side holds. Default False, as Composer's fine-tune
+            flow needs (a new head on the pretrained body): what fits loads, one
+            ``UserWarning`` names the rest.
 
     Raises:
-        CheckpointError: not written from a ``HuggingFaceModel``, or the weights do not fit
-            the class (naming missing / unexpected keys), besides :func:`load_full_state`'s.
+        CheckpointError: not written from a ``HuggingFaceModel``; a weight of another shape
+            (always) or, when ``strict``, keys only one side holds (naming the keys);
+            besides :func:`load_full_state`'s.
     """
     import transformers
 
@@ -230,13 +236,46 @@ def hf_model_from_checkpoint(checkpoint: Path, model_instantiation_class: Any = 
     else:
         model = cls(config)
     weights = {k[len(HF_PREFIX):]: v for k, v in state["model"].items() if k.startswith(HF_PREFIX)}
+    _load_what_fits(model, weights, checkpoint, strict)
+    return model, _hf_tokenizer(described["tokenizer"])
+
+
+def _load_what_fits(model: torch.nn.Module, weights: dict[str, Any], checkpoint: Path,
+                    strict: bool) -> None:
+    """Load ``weights`` into ``model``: every key both hold, after checking their shapes.
+
+    Keys only one side holds (a new head on a pretrained body: the model's ``score.weight``,
+    the checkpoint's ``lm_head.weight``) are refused when ``strict``, else named in one
+    ``UserWarning`` (the model's keep their initial values). A shape mismatch is always
+    refused, nothing loaded.
+
+    Raises:
+        CheckpointError: naming up to ten keys of each kind (and both shapes).
+    """
+    own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    shapes = sorted(k for k, v in weights.items()
+                    if k in own and hasattr(v, "shape") and tuple(v.shape) != own[k])
+    if shapes:
+        shown = [f"{k} (checkpoint {list(weights[k].shape)}, model {list(own[k])})"
+                 for k in shapes]
+        raise CheckpointError(
+            f"{checkpoint}: {len(shapes)} weights have another shape in "
+            f"{type(model).__name__}: {listed_keys(shown)}. Nothing was loaded; build the model "
+            f"with the checkpoint's sizes (model_config_kwargs) or leave those layers out.")
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
-    missing = [k for k in missing if k not in tied]
-    if missing or unexpected:
-        raise CheckpointError(f"{checkpoint}: weights do not fit {type(model).__name__} (missing "
-                              f"{missing[:5]}, unexpected {unexpected[:5]}).")
-    return model, _hf_tokenizer(described["tokenizer"])
+    missing = sorted(k for k in missing if k not in tied)
+    unexpected = sorted(unexpected)
+    if not (missing or unexpected):
+        return
+    detail = (f"{len(missing)} of the model's keys not in the checkpoint (initial values "
+              f"kept): {listed_keys(missing) or 'none'}; {len(unexpected)} of the checkpoint's "
+              f"keys not in the model (not used): {listed_keys(unexpected) or 'none'}")
+    if strict:
+        raise CheckpointError(f"{checkpoint}: weights do not fit {type(model).__name__}: "
+                              f"{detail}.")
+    warnings.warn(f"{checkpoint}: loaded the weights that fit {type(model).__name__} (a new "
+                  f"head on the pretrained body?): {detail}.", UserWarning, stacklevel=3)
 
 
 def hf_from_checkpoint_path(checkpoint_path: str, model_instantiation_class: Any = None,

@@ -18,7 +18,7 @@ import fnmatch
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-__all__ = ["MAX_LISTED", "model_mismatch", "shapes_of"]
+__all__ = ["MAX_LISTED", "listed_keys", "model_mismatch", "shapes_of"]
 
 #: How many keys of each kind (missing, unexpected, mismatched) an error lists.
 MAX_LISTED = 10
@@ -31,7 +31,8 @@ def shapes_of(state_dict: Mapping[str, Any]) -> dict[str, Optional[tuple[int, ..
             for key, value in state_dict.items()}
 
 
-def _listed(keys: Sequence[str]) -> str:
+def listed_keys(keys: Sequence[str]) -> str:
+    """The first :data:`MAX_LISTED` of ``keys``, comma-separated, then "and N more"."""
     shown = ", ".join(keys[:MAX_LISTED])
     more = f" and {len(keys) - MAX_LISTED} more" if len(keys) > MAX_LISTED else ""
     return f"{shown}{more}"
@@ -68,14 +69,14 @@ def model_mismatch(path: Path, checkpoint: Mapping[str, Optional[tuple[int, ...]
     parts = []
     if missing:
         parts.append(f"{len(missing)} in the model but not in the checkpoint: "
-                     f"{_listed(missing)}")
+                     f"{listed_keys(missing)}")
     if unexpected:
         parts.append(f"{len(unexpected)} in the checkpoint but not in the model: "
-                     f"{_listed(unexpected)}")
+                     f"{listed_keys(unexpected)}")
     if shapes:
         shown = [f"{k} (checkpoint {list(saved[k] or ())}, model {list(wanted[k] or ())})"
                  for k in shapes]
-        parts.append(f"{len(shapes)} with another shape: {_listed(shown)}")
+        parts.append(f"{len(shapes)} with another shape: {listed_keys(shown)}")
     how = ("To load only what fits, set load_strict_model_weights: false (the model's keys "
            "missing from the checkpoint keep their initial values), and/or skip keys with "
            "load_ignore_keys: ['model/<name>'] (glob patterns; needed for a shape mismatch)."

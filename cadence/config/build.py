@@ -129,17 +129,19 @@ def _build_model(cfg: TrainConfig, parallelism: ParallelismConfig) -> Any:
     sharding). A builder that takes ``init_device`` is given ``init_device="meta"``; any
     other is called under ``torch.device("meta")``.
 
-    Without ``cpu_ram_efficient_loading``, when fsdp or tp shards the model, a builder that
-    streams pretrained weights per shard (``streams_pretrained_weights``: ``hf_pretrained``)
-    and whose ``init_device`` the run file leaves unset gets ``init_device="meta"`` on every
-    rank: each rank reads only its shards' slices after sharding (a run file that sets
-    ``init_device: null`` loads the whole model on every rank instead)."""
+    When fsdp or tp shards the model, a builder that streams pretrained weights per shard
+    (``streams_pretrained_weights``: ``hf_pretrained``) and whose ``init_device`` the run
+    file leaves unset gets ``init_device="meta"`` on every rank: each rank reads only its
+    shards' slices after sharding (a run file that sets ``init_device: null`` loads the whole
+    model on every rank instead). With ``cpu_ram_efficient_loading`` that holds too when the
+    weights are safetensors (they can be sliced; the switch is there to spare host memory);
+    ``.bin`` weights stay rank 0's, broadcast."""
     fsdp = parallelism.fsdp
     rank0_loading = fsdp is not None and fsdp.cpu_ram_efficient_loading
-    if (not rank0_loading and (fsdp is not None or parallelism.tp_degree > 1)
-            and "init_device" not in cfg.model
+    if ((fsdp is not None or parallelism.tp_degree > 1) and "init_device" not in cfg.model
             and getattr(registry.models.get(cfg.model["name"]), "streams_pretrained_weights",
-                        False)):
+                        False)
+            and (not rank0_loading or _sliceable(cfg.model.get("pretrained_model_name_or_path")))):
         return _build("model", registry.models, cfg.model, init_device="meta")
     if fsdp is None or not fsdp.cpu_ram_efficient_loading or dist.get_global_rank() == 0:
         return _build("model", registry.models, cfg.model)
@@ -152,6 +154,21 @@ def _build_model(cfg: TrainConfig, parallelism: ParallelismConfig) -> Any:
         return _build("model", registry.models, cfg.model, init_device="meta")
     with torch.device("meta"):
         return _build("model", registry.models, cfg.model)
+
+
+def _sliceable(path: Any) -> bool:
+    """Whether ``path`` is a local ``save_pretrained`` folder of safetensors, which every
+    rank can read its own slices of (so ``cpu_ram_efficient_loading``, whose purpose is to
+    spare host memory, streams them instead of rank 0 reading the whole model)."""
+    if path is None:
+        return False
+    from cadence.parallel.hf_weights import find_checkpoint_files
+    from cadence.utils.packages import resolve_package_path
+
+    try:
+        return find_checkpoint_files(resolve_package_path(path)).format == "safetensors"
+    except (OSError, ValueError):  # a hub name, a missing folder: loaded as before
+        return False
 
 
 def _build(

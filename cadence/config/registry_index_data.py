@@ -11,24 +11,24 @@ INDEX = {
             {'name': 'every_n', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
             {'name': 'offload_to_cpu', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
         ]},
-        'alibi': {'target': 'cadence.algorithms.alibi.Alibi', 'params': [
+        'alibi': {'target': 'cadence.algorithms.alibi.alibi.Alibi', 'params': [
             {'name': 'max_sequence_length', 'kind': 'POSITIONAL_OR_KEYWORD', 'required': True, 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
             {'name': 'train_sequence_length_scaling', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
         ]},
-        'augmix': {'target': 'cadence.algorithms.augmix.AugMix', 'params': [
+        'augmix': {'target': 'cadence.algorithms.augmix.augmix.AugMix', 'params': [
             {'name': 'severity', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
             {'name': 'depth', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
             {'name': 'width', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
             {'name': 'alpha', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'augmentation_set', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str', 'members': [{'type': 'str'}]}},
         ]},
-        'blurpool': {'target': 'cadence.algorithms.blurpool.BlurPool', 'params': [
+        'blurpool': {'target': 'cadence.algorithms.blurpool.blurpool.BlurPool', 'params': [
             {'name': 'replace_convs', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
             {'name': 'replace_maxpools', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
             {'name': 'blur_first', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
             {'name': 'min_channels', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
         ]},
-        'channels_last': {'target': 'cadence.algorithms.channels_last.ChannelsLast', 'params': [
+        'channels_last': {'target': 'cadence.algorithms.channels_last.channels_last.ChannelsLast', 'params': [
         ]},
         'child_tuning': {'target': 'cadence.algorithms.child_tuning.ChildTuning', 'params': [
             {'name': 'mode', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str', 'members': [{'type': 'str'}]}},
@@ -37,7 +37,7 @@ INDEX = {
             {'name': 'fisher_batches', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int or null', 'null': True, 'members': [{'type': 'int'}]}},
             {'name': 'seed', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int or null', 'null': True, 'members': [{'type': 'int'}]}},
         ]},
-        'colout': {'target': 'cadence.algorithms.colout.ColOut', 'params': [
+        'colout': {'target': 'cadence.algorithms.colout.colout.ColOut', 'params': [
             {'name': 'p_row', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'p_col', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'batch', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
@@ -45,26 +45,26 @@ INDEX = {
             {'name': 'input_key', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or an int or a list or a Any'}},
             {'name': 'target_key', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or an int or a list or a Any'}},
         ]},
-        'cutmix': {'target': 'cadence.algorithms.cutmix.CutMix', 'params': [
+        'cutmix': {'target': 'cadence.algorithms.cutmix.cutmix.CutMix', 'params': [
             {'name': 'alpha', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'interpolate_loss', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
             {'name': 'uniform_sampling', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
             {'name': 'input_key', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or an int or a list or a Any'}},
             {'name': 'target_key', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or an int or a list or a Any'}},
         ]},
-        'cutout': {'target': 'cadence.algorithms.cutout.CutOut', 'params': [
+        'cutout': {'target': 'cadence.algorithms.cutout.cutout.CutOut', 'params': [
             {'name': 'num_holes', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
             {'name': 'length', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'uniform_sampling', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
             {'name': 'input_key', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or an int or a list or a Any'}},
         ]},
-        'ema': {'target': 'cadence.algorithms.ema.EMA', 'params': [
+        'ema': {'target': 'cadence.algorithms.ema.ema.EMA', 'params': [
             {'name': 'half_life', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or null', 'null': True, 'members': [{'type': 'str'}]}},
             {'name': 'smoothing', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float or null', 'null': True, 'members': [{'type': 'float'}]}},
             {'name': 'ema_start', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str', 'time': True, 'members': [{'type': 'str'}]}},
             {'name': 'update_interval', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or null', 'null': True, 'members': [{'type': 'str'}]}},
         ]},
-        'factorize': {'target': 'cadence.algorithms.factorize.Factorize', 'params': [
+        'factorize': {'target': 'cadence.algorithms.factorize.factorize.Factorize', 'params': [
             {'name': 'factorize_convs', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
             {'name': 'factorize_linears', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
             {'name': 'min_channels', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
@@ -72,49 +72,49 @@ INDEX = {
             {'name': 'min_features', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
             {'name': 'latent_features', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int or a float', 'members': [{'type': 'int'}, {'type': 'float'}]}},
         ]},
-        'gated_linear_units': {'target': 'cadence.algorithms.gated_linear_units.GatedLinearUnits', 'params': [
+        'gated_linear_units': {'target': 'cadence.algorithms.gated_linear_units.gated_linear_units.GatedLinearUnits', 'params': [
             {'name': 'act_fn', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or a Callable or null', 'null': True}},
             {'name': 'gated_layer_bias', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
             {'name': 'non_gated_layer_bias', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
         ]},
-        'ghost_batchnorm': {'target': 'cadence.algorithms.ghost_batchnorm.GhostBatchNorm', 'params': [
+        'ghost_batchnorm': {'target': 'cadence.algorithms.ghost_batchnorm.ghost_batchnorm.GhostBatchNorm', 'params': [
             {'name': 'ghost_batch_size', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
         ]},
-        'gradient_clipping': {'target': 'cadence.algorithms.gradient_clipping.GradientClipping', 'params': [
+        'gradient_clipping': {'target': 'cadence.algorithms.gradient_clipping.gradient_clipping.GradientClipping', 'params': [
             {'name': 'clipping_type', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str', 'members': [{'type': 'str'}]}},
             {'name': 'clipping_threshold', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
         ]},
-        'gyro_dropout': {'target': 'cadence.algorithms.gyro_dropout.GyroDropout', 'params': [
+        'gyro_dropout': {'target': 'cadence.algorithms.gyro_dropout.gyro_dropout.GyroDropout', 'params': [
             {'name': 'p', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'sigma', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
             {'name': 'tau', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
         ]},
-        'label_smoothing': {'target': 'cadence.algorithms.label_smoothing.LabelSmoothing', 'params': [
+        'label_smoothing': {'target': 'cadence.algorithms.label_smoothing.label_smoothing.LabelSmoothing', 'params': [
             {'name': 'smoothing', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'target_key', 'kind': 'POSITIONAL_OR_KEYWORD'},
         ]},
-        'layer_freezing': {'target': 'cadence.algorithms.layer_freezing.LayerFreezing', 'params': [
+        'layer_freezing': {'target': 'cadence.algorithms.layer_freezing.layer_freezing.LayerFreezing', 'params': [
             {'name': 'freeze_start', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'freeze_level', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
         ]},
-        'low_precision_groupnorm': {'target': 'cadence.algorithms.low_precision_groupnorm.LowPrecisionGroupNorm', 'params': [
+        'low_precision_groupnorm': {'target': 'cadence.algorithms.low_precision_groupnorm.low_precision_groupnorm.LowPrecisionGroupNorm', 'params': [
             {'name': 'apply_at', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'one of init, before_load, after_load, fit_start, epoch_start, before_dataloader, after_dataloader, batch_start, before_train_batch, before_forward, after_forward, before_loss, after_loss, before_backward, after_backward, after_train_batch, batch_end, batch_checkpoint, epoch_end, epoch_checkpoint, fit_end, eval_before_all, eval_start, eval_batch_start, eval_before_forward, eval_after_forward, eval_batch_end, eval_end, eval_after_all, eval_standalone_start, eval_standalone_end, predict_start, predict_batch_start, predict_before_forward, predict_after_forward, predict_batch_end, predict_end', 'members': [{'accept': ['init', 'before_load', 'after_load', 'fit_start', 'epoch_start', 'before_dataloader', 'after_dataloader', 'batch_start', 'before_train_batch', 'before_forward', 'after_forward', 'before_loss', 'after_loss', 'before_backward', 'after_backward', 'after_train_batch', 'batch_end', 'batch_checkpoint', 'epoch_end', 'epoch_checkpoint', 'fit_end', 'eval_before_all', 'eval_start', 'eval_batch_start', 'eval_before_forward', 'eval_after_forward', 'eval_batch_end', 'eval_end', 'eval_after_all', 'eval_standalone_start', 'eval_standalone_end', 'predict_start', 'predict_batch_start', 'predict_before_forward', 'predict_after_forward', 'predict_batch_end', 'predict_end', 'INIT', 'BEFORE_LOAD', 'AFTER_LOAD', 'FIT_START', 'EPOCH_START', 'BEFORE_DATALOADER', 'AFTER_DATALOADER', 'BATCH_START', 'BEFORE_TRAIN_BATCH', 'BEFORE_FORWARD', 'AFTER_FORWARD', 'BEFORE_LOSS', 'AFTER_LOSS', 'BEFORE_BACKWARD', 'AFTER_BACKWARD', 'AFTER_TRAIN_BATCH', 'BATCH_END', 'BATCH_CHECKPOINT', 'EPOCH_END', 'EPOCH_CHECKPOINT', 'FIT_END', 'EVAL_BEFORE_ALL', 'EVAL_START', 'EVAL_BATCH_START', 'EVAL_BEFORE_FORWARD', 'EVAL_AFTER_FORWARD', 'EVAL_BATCH_END', 'EVAL_END', 'EVAL_AFTER_ALL', 'EVAL_STANDALONE_START', 'EVAL_STANDALONE_END', 'PREDICT_START', 'PREDICT_BATCH_START', 'PREDICT_BEFORE_FORWARD', 'PREDICT_AFTER_FORWARD', 'PREDICT_BATCH_END', 'PREDICT_END']}], 'choices': ['init', 'before_load', 'after_load', 'fit_start', 'epoch_start', 'before_dataloader', 'after_dataloader', 'batch_start', 'before_train_batch', 'before_forward', 'after_forward', 'before_loss', 'after_loss', 'before_backward', 'after_backward', 'after_train_batch', 'batch_end', 'batch_checkpoint', 'epoch_end', 'epoch_checkpoint', 'fit_end', 'eval_before_all', 'eval_start', 'eval_batch_start', 'eval_before_forward', 'eval_after_forward', 'eval_batch_end', 'eval_end', 'eval_after_all', 'eval_standalone_start', 'eval_standalone_end', 'predict_start', 'predict_batch_start', 'predict_before_forward', 'predict_after_forward', 'predict_batch_end', 'predict_end']}},
         ]},
-        'low_precision_layernorm': {'target': 'cadence.algorithms.low_precision_layernorm.LowPrecisionLayerNorm', 'params': [
+        'low_precision_layernorm': {'target': 'cadence.algorithms.low_precision_layernorm.low_precision_layernorm.LowPrecisionLayerNorm', 'params': [
             {'name': 'apply_at', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'one of init, before_load, after_load, fit_start, epoch_start, before_dataloader, after_dataloader, batch_start, before_train_batch, before_forward, after_forward, before_loss, after_loss, before_backward, after_backward, after_train_batch, batch_end, batch_checkpoint, epoch_end, epoch_checkpoint, fit_end, eval_before_all, eval_start, eval_batch_start, eval_before_forward, eval_after_forward, eval_batch_end, eval_end, eval_after_all, eval_standalone_start, eval_standalone_end, predict_start, predict_batch_start, predict_before_forward, predict_after_forward, predict_batch_end, predict_end', 'members': [{'accept': ['init', 'before_load', 'after_load', 'fit_start', 'epoch_start', 'before_dataloader', 'after_dataloader', 'batch_start', 'before_train_batch', 'before_forward', 'after_forward', 'before_loss', 'after_loss', 'before_backward', 'after_backward', 'after_train_batch', 'batch_end', 'batch_checkpoint', 'epoch_end', 'epoch_checkpoint', 'fit_end', 'eval_before_all', 'eval_start', 'eval_batch_start', 'eval_before_forward', 'eval_after_forward', 'eval_batch_end', 'eval_end', 'eval_after_all', 'eval_standalone_start', 'eval_standalone_end', 'predict_start', 'predict_batch_start', 'predict_before_forward', 'predict_after_forward', 'predict_batch_end', 'predict_end', 'INIT', 'BEFORE_LOAD', 'AFTER_LOAD', 'FIT_START', 'EPOCH_START', 'BEFORE_DATALOADER', 'AFTER_DATALOADER', 'BATCH_START', 'BEFORE_TRAIN_BATCH', 'BEFORE_FORWARD', 'AFTER_FORWARD', 'BEFORE_LOSS', 'AFTER_LOSS', 'BEFORE_BACKWARD', 'AFTER_BACKWARD', 'AFTER_TRAIN_BATCH', 'BATCH_END', 'BATCH_CHECKPOINT', 'EPOCH_END', 'EPOCH_CHECKPOINT', 'FIT_END', 'EVAL_BEFORE_ALL', 'EVAL_START', 'EVAL_BATCH_START', 'EVAL_BEFORE_FORWARD', 'EVAL_AFTER_FORWARD', 'EVAL_BATCH_END', 'EVAL_END', 'EVAL_AFTER_ALL', 'EVAL_STANDALONE_START', 'EVAL_STANDALONE_END', 'PREDICT_START', 'PREDICT_BATCH_START', 'PREDICT_BEFORE_FORWARD', 'PREDICT_AFTER_FORWARD', 'PREDICT_BATCH_END', 'PREDICT_END']}], 'choices': ['init', 'before_load', 'after_load', 'fit_start', 'epoch_start', 'before_dataloader', 'after_dataloader', 'batch_start', 'before_train_batch', 'before_forward', 'after_forward', 'before_loss', 'after_loss', 'before_backward', 'after_backward', 'after_train_batch', 'batch_end', 'batch_checkpoint', 'epoch_end', 'epoch_checkpoint', 'fit_end', 'eval_before_all', 'eval_start', 'eval_batch_start', 'eval_before_forward', 'eval_after_forward', 'eval_batch_end', 'eval_end', 'eval_after_all', 'eval_standalone_start', 'eval_standalone_end', 'predict_start', 'predict_batch_start', 'predict_before_forward', 'predict_after_forward', 'predict_batch_end', 'predict_end']}},
         ]},
         'mixed_precision': {'target': 'cadence.algorithms.mixed_precision.MixedPrecision', 'params': [
             {'name': 'precision', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str', 'members': [{'type': 'str'}]}},
         ]},
-        'mixup': {'target': 'cadence.algorithms.mixup.MixUp', 'params': [
+        'mixup': {'target': 'cadence.algorithms.mixup.mixup.MixUp', 'params': [
             {'name': 'alpha', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'interpolate_loss', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
             {'name': 'input_key', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or an int or a list or a Any'}},
             {'name': 'target_key', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or an int or a list or a Any'}},
         ]},
-        'no_op_model': {'target': 'cadence.algorithms.no_op_model.NoOpModel', 'params': [
+        'no_op_model': {'target': 'cadence.algorithms.no_op_model.no_op_model.NoOpModel', 'params': [
         ]},
-        'progressive_resizing': {'target': 'cadence.algorithms.progressive_resizing.ProgressiveResizing', 'params': [
+        'progressive_resizing': {'target': 'cadence.algorithms.progressive_resizing.progressive_resizing.ProgressiveResizing', 'params': [
             {'name': 'mode', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str', 'members': [{'type': 'str'}]}},
             {'name': 'initial_scale', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'finetune_fraction', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
@@ -124,17 +124,17 @@ INDEX = {
             {'name': 'input_key', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or an int or a list or a Any'}},
             {'name': 'target_key', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or an int or a list or a Any'}},
         ]},
-        'randaugment': {'target': 'cadence.algorithms.randaugment.RandAugment', 'params': [
+        'randaugment': {'target': 'cadence.algorithms.randaugment.randaugment.RandAugment', 'params': [
             {'name': 'severity', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
             {'name': 'depth', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
             {'name': 'augmentation_set', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str', 'members': [{'type': 'str'}]}},
         ]},
-        'sam': {'target': 'cadence.algorithms.sam.SAM', 'params': [
+        'sam': {'target': 'cadence.algorithms.sam.sam.SAM', 'params': [
             {'name': 'rho', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'epsilon', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'interval', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
         ]},
-        'selective_backprop': {'target': 'cadence.algorithms.selective_backprop.SelectiveBackprop', 'params': [
+        'selective_backprop': {'target': 'cadence.algorithms.selective_backprop.selective_backprop.SelectiveBackprop', 'params': [
             {'name': 'start', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'end', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'keep', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
@@ -143,7 +143,7 @@ INDEX = {
             {'name': 'input_key', 'kind': 'POSITIONAL_OR_KEYWORD'},
             {'name': 'target_key', 'kind': 'POSITIONAL_OR_KEYWORD'},
         ]},
-        'seq_length_warmup': {'target': 'cadence.algorithms.seq_length_warmup.SeqLengthWarmup', 'params': [
+        'seq_length_warmup': {'target': 'cadence.algorithms.seq_length_warmup.seq_length_warmup.SeqLengthWarmup', 'params': [
             {'name': 'duration', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'min_seq_length', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
             {'name': 'max_seq_length', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
@@ -151,18 +151,18 @@ INDEX = {
             {'name': 'truncate', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
             {'name': 'preserve_end_of_sequence', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
         ]},
-        'squeeze_excite': {'target': 'cadence.algorithms.squeeze_excite.SqueezeExcite', 'params': [
+        'squeeze_excite': {'target': 'cadence.algorithms.squeeze_excite.squeeze_excite.SqueezeExcite', 'params': [
             {'name': 'latent_channels', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'min_channels', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
         ]},
-        'stochastic_depth': {'target': 'cadence.algorithms.stochastic_depth.StochasticDepth', 'params': [
+        'stochastic_depth': {'target': 'cadence.algorithms.stochastic_depth.stochastic_depth.StochasticDepth', 'params': [
             {'name': 'target_layer_name', 'kind': 'POSITIONAL_OR_KEYWORD', 'required': True, 'type': {'describe': 'a str', 'members': [{'type': 'str'}]}},
             {'name': 'stochastic_method', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str', 'members': [{'type': 'str'}]}},
             {'name': 'drop_rate', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
             {'name': 'drop_distribution', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str', 'members': [{'type': 'str'}]}},
             {'name': 'drop_warmup', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': "a float or a Time string (e.g. '100ba') or a str", 'time': True, 'members': [{'type': 'float'}, {'type': 'time'}, {'type': 'str'}]}},
         ]},
-        'swa': {'target': 'cadence.algorithms.swa.SWA', 'params': [
+        'swa': {'target': 'cadence.algorithms.swa.swa.SWA', 'params': [
             {'name': 'swa_start', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str', 'time': True, 'members': [{'type': 'str'}]}},
             {'name': 'swa_end', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str', 'time': True, 'members': [{'type': 'str'}]}},
             {'name': 'update_interval', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str', 'time': True, 'members': [{'type': 'str'}]}},
@@ -171,7 +171,7 @@ INDEX = {
             {'name': 'anneal_steps', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
             {'name': 'swa_lr', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float or null', 'null': True, 'members': [{'type': 'float'}]}},
         ]},
-        'weight_standardization': {'target': 'cadence.algorithms.weight_standardization.WeightStandardization', 'params': [
+        'weight_standardization': {'target': 'cadence.algorithms.weight_standardization.weight_standardization.WeightStandardization', 'params': [
             {'name': 'n_last_layers_ignore', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int', 'members': [{'type': 'int'}]}},
         ]},
     },

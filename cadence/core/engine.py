@@ -61,6 +61,7 @@ Traces = dict[str, Trace]
 PassSpec = Union[AlgorithmPass, tuple[AlgorithmPass, int]]
 
 _INIT = Event.INIT
+_CHECKPOINT_EVENTS = frozenset({Event.BATCH_CHECKPOINT, Event.EPOCH_CHECKPOINT})
 
 
 def _overrides(callback: Any, event: Event) -> bool:
@@ -97,8 +98,48 @@ def _close(obj: Any, state: State, logger: Any) -> None:
         close()
 
 
+#: Callbacks and destinations between an engine's ``INIT`` and its ``close`` (Composer's
+#: rule: one open run per callback object, so its state is reset by ``close`` first).
+_OPEN_CALLBACKS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _claim_open(objects: Sequence[Any]) -> None:
+    """Mark ``objects`` open, refusing any another engine still has open.
+
+    Raises:
+        RuntimeError: Composer's message, naming the objects.
+    """
+    still_open = [obj for obj in objects if _is_open(obj)]
+    if still_open:
+        names = ", ".join(type(obj).__name__ for obj in still_open)
+        raise RuntimeError(
+            f"Cannot create a new trainer with an open callback or logger from a previous "
+            f"trainer ({names}). To fix, call trainer.close() before creating this new "
+            f"trainer so every callback and logger shuts down (and resets) first.")
+    for obj in objects:
+        try:
+            _OPEN_CALLBACKS.add(obj)
+        except TypeError:  # not weak-referenceable or not hashable: not tracked
+            pass
+
+
+def _is_open(obj: Any) -> bool:
+    try:
+        return obj in _OPEN_CALLBACKS
+    except TypeError:
+        return False
+
+
 class Engine:
     """Runs algorithms, callbacks and logger destinations on each event.
+
+    On ``BATCH_CHECKPOINT`` and ``EPOCH_CHECKPOINT`` every callback and destination runs
+    even when one before it raises (the first error is raised after), so a failing callback
+    never costs the checkpoint due at that event.
+
+    Composer's lifetime rules: ``INIT`` refuses a callback or destination still open in
+    another engine (not yet closed); :meth:`close` closes them (once), and so does dropping
+    the engine without closing it.
 
     Args:
         state: the run's :class:`State`; its ``algorithms`` and ``callbacks`` are read here
@@ -211,17 +252,38 @@ class Engine:
         algorithms, callbacks, destinations = self._plan[event]
         state, logger = self.state, self.logger
         if event is _INIT:
+            _claim_open([*self.state.callbacks, *self.destinations])
             for destination in destinations:
                 destination.run_event(event, state, logger)
             for callback in callbacks:
                 callback.run_event(event, state, logger)
             return self._run_algorithms(event)
         traces = self._run_algorithms(event) if algorithms else {}
+        if event in _CHECKPOINT_EVENTS:
+            self._run_all_then_raise(event, [*callbacks, *destinations])
+            return traces
         for callback in callbacks:
             callback.run_event(event, state, logger)
         for destination in destinations:
             destination.run_event(event, state, logger)
         return traces
+
+    def _run_all_then_raise(self, event: Event, receivers: Sequence[Any]) -> None:
+        """Every receiver runs ``event`` even when one before it fails; the first error is
+        raised after. On the checkpoint events this keeps a failing callback (a generation,
+        a metric) from costing the checkpoint due there."""
+        error: Optional[BaseException] = None
+        for receiver in receivers:
+            try:
+                receiver.run_event(event, self.state, self.logger)
+            except Exception as exc:
+                if error is None:
+                    error = exc
+                else:
+                    log.error("%s also failed at %s", type(receiver).__name__, event.value,
+                              exc_info=exc)
+        if error is not None:
+            raise error
 
     def _run_algorithms(self, event: Event) -> Traces:
         state = self.state
@@ -260,8 +322,20 @@ class Engine:
                     post_close()
                 except Exception as exc:
                     errors.append(exc)
+                    continue
+            if _is_open(obj):
+                _OPEN_CALLBACKS.discard(obj)
         if errors:
             raise errors[0]
+
+    def __del__(self) -> None:
+        """An engine dropped without :meth:`close` closes its callbacks (Composer's)."""
+        if getattr(self, "_closed", True):
+            return
+        try:
+            self.close()
+        except Exception as exc:  # nowhere to raise to from a finalizer
+            log.error("Error closing a dropped Engine", exc_info=exc)
 
 
 def _pass_specs(algorithm_passes: Any) -> list[tuple[AlgorithmPass, int]]:

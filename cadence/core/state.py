@@ -254,7 +254,7 @@ class State:
         self.dataset_state = dataset_state
         self.dataset_resumption = dataset_resumption or {}
         self.train_dataloader = train_dataloader
-        self.evaluators: list[Evaluator] = as_list(evaluators)
+        self._evaluators: list[Evaluator] = as_list(evaluators)
         self._dataloader: Optional[Iterable[Any]] = None
         self._dataloader_label: Optional[str] = None
         self._dataloader_len: Optional[Time] = None
@@ -264,8 +264,8 @@ class State:
             self.set_dataloader(dataloader, dataloader_label, dataloader_len)
         elif dataloader_len is not None and dataloader_len != -1:
             self._dataloader_len = Time.from_input(dataloader_len, TimeUnit.BATCH)
-        self.optimizers: list[torch.optim.Optimizer] = as_list(optimizers)
-        self.schedulers: list[Any] = as_list(schedulers)
+        self._optimizers: list[torch.optim.Optimizer] = as_list(optimizers)
+        self._schedulers: list[Any] = as_list(schedulers)
         self.algorithms: list[Any] = as_list(algorithms)
         self.callbacks: list[Any] = as_list(callbacks)
         self.timestamp = Timestamp() if timestamp is None else timestamp
@@ -309,6 +309,34 @@ class State:
         self.batch = set_item(self.batch, key, value)
 
     # ------------------------------------------------------------------ properties
+    # Composer's setters: one optimizer, scheduler or evaluator may be assigned alone.
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers (a list; assign one or a sequence)."""
+        return self._optimizers
+
+    @optimizers.setter
+    def optimizers(self, optimizers: Any) -> None:
+        self._optimizers = as_list(optimizers)
+
+    @property
+    def schedulers(self) -> list[Any]:
+        """The learning-rate schedulers (a list; assign one or a sequence)."""
+        return self._schedulers
+
+    @schedulers.setter
+    def schedulers(self, schedulers: Any) -> None:
+        self._schedulers = as_list(schedulers)
+
+    @property
+    def evaluators(self) -> list[Evaluator]:
+        """The evaluators (a list; assign one or a sequence)."""
+        return self._evaluators
+
+    @evaluators.setter
+    def evaluators(self, evaluators: Any) -> None:
+        self._evaluators = as_list(evaluators)
+
     @property
     def max_duration(self) -> Optional[Time[int]]:
         """How long ``fit`` trains, a :class:`Time` (set it with a Time or a time string)."""

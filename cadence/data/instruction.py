@@ -83,7 +83,7 @@ from cadence.utils.dist import get_sampler
 from cadence.utils.packages import resolve_package_path
 
 __all__ = ["BAD_RECORD_KINDS", "FileReport", "InstructionDataset", "find_instruction_files",
-           "load_instruction_records", "render_record", "pack_records",
+           "load_instruction_records", "parse_line", "render_record", "pack_records",
            "instruction_dataloader"]
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ PathLike = Union[str, os.PathLike]
 #: Why a record is not used, in report order.
 BAD_RECORD_KINDS: tuple[str, ...] = ("missing_keys", "malformed", "empty_response", "too_long",
                                      "unmaskable")
-_FORMAT_VERSION = 1  # bump when rendering changes: it is part of the cache fingerprint
+_FORMAT_VERSION = 2  # bump when rendering changes: it is part of the cache fingerprint
 _SHOWN = 5  # record numbers shown per kind in a report
 
 
@@ -245,6 +245,9 @@ def render_record(record: Mapping[str, Any], tokenizer: Any, max_seq_len: int
     else:
         segments = [(chat[0]["content"] + "\n", False),
                     (chat[1]["content"] + (tokenizer.eos_token or ""), True)]
+    # bound the work before tokenizing: a record far past max_seq_len (one 50 MB line)
+    if sum(len(text) for text, _ in segments) > max_seq_len * _max_token_chars(tokenizer):
+        return [], [], "too_long"
     ids: list[int] = []
     labels: list[int] = []
     for text, is_response in segments:
@@ -262,6 +265,60 @@ def render_record(record: Mapping[str, Any], tokenizer: Any, max_seq_len: int
     return ids, labels, ""
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    record: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in record:
+            raise ValueError(f"the key {key!r} appears twice")
+        record[key] = value
+    return record
+
+
+def parse_line(raw: bytes) -> Optional[dict[str, Any]]:
+    """One JSON-lines record, or None when the line is not one: invalid UTF-8, not JSON
+    (e.g. a truncated last line), not an object, a key twice, or a string with a lone
+    surrogate (``"\\ud800"``, which no tokenizer can encode)."""
+    try:
+        record = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+        if not isinstance(record, dict):
+            return None
+        json.dumps(record, ensure_ascii=False).encode("utf-8")  # lone surrogates raise
+    except (UnicodeError, ValueError):
+        return None
+    return record
+
+
+def _lines(path: str, stamp: str) -> Any:
+    """``{"text", "problem"}`` per non-blank line of ``path`` (the record's JSON text, or
+    ``""`` and ``"malformed"``), for ``datasets.Dataset.from_generator``; ``stamp`` (the
+    file's size and mtime) is only part of the cache fingerprint."""
+    del stamp
+    with open(path, "rb") as file:
+        for raw in file:
+            raw = raw.strip()
+            if not raw:
+                continue
+            record = parse_line(raw)
+            if record is None:
+                yield {"text": "", "problem": "malformed"}
+            else:
+                yield {"text": raw.decode("utf-8"), "problem": ""}
+
+
+def _max_token_chars(tokenizer: Any) -> int:
+    """The most characters one token stands for (the longest vocabulary entry, in the
+    tokenizer's own spelling, which is never shorter than the text it decodes to): a text of
+    ``n`` characters has at least ``n / this`` tokens."""
+    cached = getattr(tokenizer, "_cadence_max_token_chars", None)
+    if cached is None:
+        cached = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
+        try:
+            tokenizer._cadence_max_token_chars = cached
+        except AttributeError:
+            pass
+    return int(cached)
+
+
 def _tokenizer_fingerprint(tokenizer: Any) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     state = backend.to_str() if backend is not None else json.dumps(
@@ -273,11 +330,12 @@ def _tokenizer_fingerprint(tokenizer: Any) -> str:
 
 def _render_batch(batch: dict[str, list[Any]], tokenizer: Any, max_seq_len: int
                   ) -> dict[str, list[Any]]:
-    keys = list(batch)
     out: dict[str, list[Any]] = {"input_ids": [], "labels": [], "problem": []}
-    for i in range(len(batch[keys[0]])):
-        ids, labels, problem = render_record({k: batch[k][i] for k in keys}, tokenizer,
-                                             max_seq_len)
+    for text, problem in zip(batch["text"], batch["problem"]):
+        ids: list[int] = []
+        labels: list[int] = []
+        if not problem:
+            ids, labels, problem = render_record(json.loads(text), tokenizer, max_seq_len)
         out["input_ids"].append(ids)
         out["labels"].append(labels)
         out["problem"].append(problem)
@@ -299,8 +357,9 @@ def load_instruction_records(path: Union[PathLike, Sequence[PathLike]], tokenize
 
     Raises:
         ImportError: ``datasets`` is missing (``pip install 'cadence[sft]'``).
-        ValueError: a file is not JSON lines (named), or has no usable record (named, with
-            its counts).
+        ValueError: a file is empty (named), or has no usable record (named, with its
+            counts). A line that is not a JSON object (invalid UTF-8, cut short, a key twice,
+            a lone surrogate) is a ``malformed`` record, not an error.
     """
     try:
         import datasets as hf_datasets
@@ -311,14 +370,18 @@ def load_instruction_records(path: Union[PathLike, Sequence[PathLike]], tokenize
     tok_hash = _tokenizer_fingerprint(tokenizer)
     parts, reports = [], []
     for file in find_instruction_files(path):
-        try:
-            raw = hf_datasets.load_dataset("json", data_files=str(file), split="train",
-                                           cache_dir=cache)
-        except Exception as exc:  # pyarrow/json errors: say which file
-            raise ValueError(f"Could not read instruction file {str(file)!r} as JSON lines "
-                             f"(one object a line, each value of one type across lines): "
-                             f"{type(exc).__name__}: {exc}") from exc
         stat = file.stat()
+        if stat.st_size == 0:
+            raise ValueError(f"Instruction file {str(file)!r} is empty: it holds no record "
+                             f"(one JSON object a line).")
+        # each line's JSON text, checked here (a bad line is a bad record, not a bad file)
+        raw = hf_datasets.Dataset.from_generator(
+            _lines, gen_kwargs={"path": str(file), "stamp": f"{stat.st_size}:{stat.st_mtime_ns}"},
+            cache_dir=cache, features=hf_datasets.Features(
+                {"text": hf_datasets.Value("string"), "problem": hf_datasets.Value("string")}))
+        if len(raw) == 0:
+            raise ValueError(f"Instruction file {str(file)!r} holds only blank lines: no "
+                             f"record (one JSON object a line).")
         fingerprint = hashlib.sha256(json.dumps(
             [str(file.resolve()), stat.st_size, stat.st_mtime_ns, tok_hash, max_seq_len,
              _FORMAT_VERSION]).encode()).hexdigest()[:32]

@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Iterator, Mapping, TextIO
+from typing import Any, Iterable, Iterator, Mapping, TextIO
 
 __all__ = ["REASON_ENV", "AttemptRecorder", "announce_restart", "first_error"]
 
@@ -98,12 +98,24 @@ class AttemptRecorder:
     ``LocalElasticAgent._monitor_workers`` for the duration (restored on exit). Each result
     in a failed state is recorded once per attempt, and :data:`REASON_ENV` is set in this
     process's environment, which the restarted workers inherit.
+
+    Args:
+        preemption_exit_codes: exit statuses of a rank that saved and stopped on a
+            preemption signal (128 + signal, ``preemption_signals``). An attempt whose every
+            failed rank exited with one of these is not a failure: the agent is left no
+            restarts (so the launch exits with that status) and :attr:`preempted` is set.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, preemption_exit_codes: Iterable[int] = ()) -> None:
         self.errors: list[str] = []
+        self.preemption_exit_codes = frozenset(int(code) for code in preemption_exit_codes)
+        self.preempted = False
         self._lock = threading.Lock()
         self._original: Any = None
+
+    def _is_preemption(self, failures: Mapping[int, Any]) -> bool:
+        return bool(failures) and all(int(getattr(f, "exitcode", 0)) in self.preemption_exit_codes
+                                      for f in failures.values())
 
     def record(self, restart_count: int, failures: Mapping[int, Any]) -> None:
         """Record attempt ``restart_count``'s failure (the first report of it only)."""
@@ -124,9 +136,13 @@ class AttemptRecorder:
         def monitor(agent: Any, worker_group: Any) -> Any:
             result = original(agent, worker_group)
             if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+                failures = getattr(result, "failures", {}) or {}
+                if recorder._is_preemption(failures):  # saved and stopped: not a failure
+                    recorder.preempted = True
+                    agent._remaining_restarts = 0
+                    return result
                 spec = worker_group.spec
-                recorder.record(spec.max_restarts - agent._remaining_restarts,
-                                getattr(result, "failures", {}) or {})
+                recorder.record(spec.max_restarts - agent._remaining_restarts, failures)
             return result
 
         LocalElasticAgent._monitor_workers = monitor  # type: ignore[method-assign]

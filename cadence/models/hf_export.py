@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cadence.checkpoint.adapter_only import METADATA_KEY as ADAPTER_ONLY
+from cadence.checkpoint.adapter_only import base_difference
 from cadence.checkpoint.checkpoint import CheckpointError
 from cadence.checkpoint.export import (
     HF_PREFIX, _hf_class, _hf_description, _hf_tokenizer, hf_model_from_checkpoint,
@@ -87,11 +88,13 @@ def peft_model_from_state(weights: dict[str, Any], metadata: dict[str, Any], hf_
                 f"a checkpoint saved with should_save_peft_only=False, or restore the base.")
         base = hf_class.from_pretrained(where, local_files_only=True)
         now = base_identity(base, where)
-        if recorded.get("crc32c") and now["crc32c"] != recorded["crc32c"]:
+        difference = base_difference(recorded, now) if recorded.get("crc32c") else None
+        if difference is not None:
             raise CheckpointError(
                 f"{checkpoint} was trained on the base {where} with CRC32C "
                 f"{recorded['crc32c']} of its {recorded.get('over', 'weights')}; that "
-                f"directory now has CRC32C {now['crc32c']}. Restore the original base.")
+                f"directory now has CRC32C {now['crc32c']}{difference}. Restore the original "
+                f"base.")
     else:
         config_dict = dict(hf_config)
         config = transformers.AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
@@ -147,7 +150,7 @@ def to_huggingface(checkpoint: Path, out_dir: Path, merge: bool = False) -> Path
         model = peft_model_from_state(weights, metadata, _hf_class(described["class"]),
                                       described["config"], checkpoint)
         return save_peft(model, out_dir, merge, _hf_tokenizer(described["tokenizer"]))
-    model, tokenizer = hf_model_from_checkpoint(checkpoint, state=state)
+    model, tokenizer = hf_model_from_checkpoint(checkpoint, state=state, strict=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     if tokenizer is not None:

@@ -698,9 +698,14 @@ class HuggingFaceModel(ComposerModel):
             them out: ``model.save_pretrained(dir)``, ``tokenizer.save_pretrained(dir)``
             (or ``cadence convert CHECKPOINT --to hf DIR``).
 
+        Unlike Composer's (which returns a freshly initialised model), the weights are
+        loaded: with another class than the checkpoint's (a new head on a pretrained body),
+        every weight that fits loads and one ``UserWarning`` names the model's keys the
+        checkpoint lacks and the checkpoint's keys the model does not use.
+
         Raises:
             CheckpointError: the checkpoint is not a ``HuggingFaceModel``'s, cannot be read,
-                or its weights do not fit the class.
+                or a weight has another shape in the class (naming it and both shapes).
         """
         from cadence.checkpoint.export import hf_from_checkpoint_path
 

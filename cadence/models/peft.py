@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import glob
+import json
 import os
 import warnings
 from collections.abc import Mapping
@@ -31,14 +31,13 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-__all__ = ["SUPPORTED_PEFT_TYPES", "base_identity", "check_peft_arg", "import_peft",
+__all__ = ["SUPPORTED_PEFT_TYPES", "base_identity", "check_peft_arg", "folder_identity", "import_peft",
            "peft_config_class", "peft_config_from_dict", "wrap_with_peft"]
 
 SUPPORTED_PEFT_TYPES = ("LORA", "IA3")
 """``peft_type`` values whose adapters are plain modules (DoRA: ``LORA`` with ``use_dora``)."""
 
 _INSTALL = "pip install 'cadence[peft]'"
-_WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
 
 
 def import_peft() -> Any:
@@ -159,35 +158,83 @@ def _crc_tensor(crc: int, name: str, tensor: torch.Tensor) -> int:
     return crc32c.crc32c(memoryview(data), crc)
 
 
+#: config.json fields that say nothing about the weights (where and by what they were saved).
+_CONFIG_KEYS_NOT_COMPARED = frozenset({"_name_or_path", "transformers_version"})
+
+
+def folder_identity(folder: str) -> dict[str, Any]:
+    """What a ``save_pretrained`` folder's loader reads: each tensor's CRC32C (over its name,
+    dtype, shape and bytes, from the file its index names), ``config.json``'s fields, and
+    one CRC32C over both. Re-sharding the same weights, or a stray ``*.safetensors`` file
+    beside them, keeps it; another tensor or config value changes it.
+
+    Returns:
+        ``{"crc32c", "over": "tensors and config", "tensors": {name: crc}, "config": {...}}``.
+
+    Raises:
+        cadence.parallel.hf_weights.WeightFileError: a weight file outside the folder or
+            damaged.
+    """
+    import crc32c
+
+    from cadence.parallel.hf_weights import find_checkpoint_files, safe_open
+
+    files = find_checkpoint_files(folder)
+    tensors: dict[str, str] = {}
+    if files.format == "safetensors":
+        for name in files.files:
+            with safe_open(files.path(name)) as handle:
+                keys = [k for k in handle.keys()
+                        if files.weight_map is None or files.weight_map.get(k) == name]
+                for key in keys:
+                    tensors[key] = f"{_crc_tensor(0, key, handle.get_tensor(key)):08x}"
+    else:
+        from cadence.checkpoint.checkpoint import safe_torch_load
+
+        for name in files.files:
+            state = safe_torch_load(files.path(name), mmap=True)
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and (
+                        files.weight_map is None or files.weight_map.get(key) == name):
+                    tensors[key] = f"{_crc_tensor(0, key, value):08x}"
+    config: dict[str, Any] = {}
+    config_path = os.path.join(folder, "config.json")
+    if os.path.isfile(config_path):
+        with open(config_path, encoding="utf-8") as f:
+            config = {k: v for k, v in json.load(f).items() if k not in _CONFIG_KEYS_NOT_COMPARED}
+    crc = 0
+    for key in sorted(tensors):
+        crc = crc32c.crc32c(f"{key}={tensors[key]};".encode(), crc)
+    crc = crc32c.crc32c(json.dumps(config, sort_keys=True).encode(), crc)
+    return {"crc32c": f"{crc:08x}", "over": "tensors and config", "tensors": tensors,
+            "config": config}
+
+
 def base_identity(model: nn.Module, name_or_path: Optional[str] = None) -> dict[str, Any]:
     """What the frozen base of an adapter-only checkpoint is: ``{"name_or_path", "crc32c",
     "over"}``. Called on the ``transformers`` model before ``peft`` wraps it.
 
-    The CRC32C is over the weight files (``*.safetensors``, else ``*.bin``, in name order)
-    when ``name_or_path`` is a directory holding them (``over: "weight files"``), else over
-    the model's parameters and persistent buffers, by name (``over: "weights"``); ``None``
-    when the weights are still on the meta device.
+    When ``name_or_path`` is a ``save_pretrained`` directory: :func:`folder_identity`, what
+    its loader reads (each tensor, by name, and ``config.json``; ``over: "tensors and
+    config"``). Else a CRC32C over the model's parameters and persistent buffers, by name
+    (``over: "weights"``); ``None`` when the weights are still on the meta device.
 
     Args:
         model: the base ``transformers`` model.
         name_or_path: where it came from; default its ``name_or_path`` (``config._name_or_path``).
     """
-    import crc32c
-
     if name_or_path is None:
         name_or_path = str(getattr(model, "name_or_path", "") or "")
     name = name_or_path or f"(built from a config: {type(model).__name__})"
     if name_or_path and os.path.isdir(name_or_path):
-        for pattern in _WEIGHT_PATTERNS:
-            files = sorted(glob.glob(os.path.join(name_or_path, pattern)))
-            if files:
-                crc = 0
-                for file in files:
-                    crc = crc32c.crc32c(os.path.basename(file).encode(), crc)
-                    with open(file, "rb") as f:
-                        while chunk := f.read(1 << 24):
-                            crc = crc32c.crc32c(chunk, crc)
-                return {"name_or_path": name, "crc32c": f"{crc:08x}", "over": "weight files"}
+        from cadence.parallel.hf_weights import find_checkpoint_files
+
+        try:
+            find_checkpoint_files(name_or_path)
+        except FileNotFoundError:
+            pass
+        else:
+            return {"name_or_path": name, **folder_identity(name_or_path)}
     state = model.state_dict()
     if any(t.is_meta for t in state.values() if isinstance(t, torch.Tensor)):
         return {"name_or_path": name, "crc32c": None, "over": "weights"}

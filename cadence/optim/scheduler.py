@@ -113,21 +113,6 @@ def _dataloader_len(state: State, time: Time) -> int:
     return int(state.dataloader_len)
 
 
-def _check_warmup_units(t_warmup: TimeArg, max_duration: Time | None) -> None:
-    """Composer's rule: warmup is in ``dur``, in ``max_duration``'s unit, or ``ba``/``ep``."""
-    if max_duration is None:
-        return
-    warmup = Time.from_input(t_warmup)
-    pair = {warmup.unit, max_duration.unit}
-    if warmup.unit in (TimeUnit.DURATION, max_duration.unit) or pair == {TimeUnit.BATCH,
-                                                                        TimeUnit.EPOCH}:
-        return
-    raise ValueError(
-        f"Cannot use warmup scheduler with max_duration {max_duration} and t_warmup {warmup}: t_warmup must be in "
-        f"'dur', in max_duration's unit ('{max_duration.unit.value}'), or batches vs epochs."
-    )
-
-
 def _check_warmup_and_t_max(t_warmup: Time, t_max: Time, state: State) -> None:
     """Composer's two checks of a warmup schedule with a ``t_max``, on the converted times
     (``dur`` in ``max_duration``'s unit, epochs in batches): warmup and ``t_max`` in one unit,
@@ -360,9 +345,7 @@ class _WithWarmup(ComposerScheduler):
     def __call__(self, state: State, ssr: float = 1.0) -> float:
         t_warmup = _convert_time(self.t_warmup, state)
         t_max = getattr(self, "t_max", None)
-        if t_max is None:  # MultiStepWithWarmupScheduler
-            _check_warmup_units(self.t_warmup, state.max_duration)
-        else:
+        if t_max is not None:  # MultiStepWithWarmupScheduler has none: any warmup unit
             _check_warmup_and_t_max(t_warmup, _convert_time(t_max, state, ssr=ssr), state)
         if t_warmup.value == 0:
             warnings.warn(_ZERO_WARMUP, UserWarning, stacklevel=2)

@@ -42,15 +42,15 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import nn
 
 from cadence.utils.dtensor import local_chunk
 
-__all__ = ["CheckpointFiles", "CheckpointKeyError", "LoadReport", "find_checkpoint_files",
-           "load_hf_weights", "safe_open"]
+__all__ = ["CheckpointFiles", "CheckpointKeyError", "LoadReport", "WeightFileError",
+           "find_checkpoint_files", "load_hf_weights", "safe_open"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,56 @@ class CheckpointKeyError(KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; print it as written
         return str(self.args[0]) if self.args else ""
+
+
+class WeightFileError(ValueError):
+    """A weight file or index of a ``save_pretrained`` folder cannot be used: outside the
+    folder, damaged, or not what its index says; the message names the file (or index
+    entry) and what is wrong."""
+
+
+_INTEGER_DTYPES = frozenset({"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"})
+
+
+def _inside(folder: str, name: str, what: str) -> str:
+    """``folder/name``, resolved, refusing anything outside ``folder`` (``..``, an absolute
+    path, a symlink out of it)."""
+    root = os.path.realpath(folder)
+    path = os.path.realpath(os.path.join(folder, name))
+    if os.path.commonpath([root, path]) != root:
+        raise WeightFileError(
+            f"{what} {name!r} resolves to {path}, outside the model folder {root}; weight "
+            f"files must be inside the folder (copy them in, or fix the entry).")
+    return path
+
+
+def _read_index(path: str) -> dict[str, str]:
+    """An index's ``weight_map``, refusing what is not JSON, lacks it, or lists a key twice."""
+    duplicates: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in items:
+            if key in seen:
+                duplicates.append(key)
+            seen[key] = value
+        return seen
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            index = json.load(file, object_pairs_hook=pairs)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WeightFileError(f"{path} is not JSON ({exc}); rewrite it with "
+                              f"save_pretrained.") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) for v in weight_map.values()):
+        raise WeightFileError(f"{path} has no 'weight_map' of tensor name -> file name; an "
+                              f"index written by save_pretrained has one.")
+    if duplicates:
+        raise WeightFileError(f"{path} lists {_few(sorted(set(duplicates)))} twice; which file "
+                              f"holds it is ambiguous: keep one entry.")
+    return dict(weight_map)
 
 
 @dataclass(frozen=True)
@@ -119,13 +169,20 @@ def find_checkpoint_files(folder: str | os.PathLike[str]) -> CheckpointFiles:
     folder = os.fspath(folder)
     for index_name, fmt in ((SAFETENSORS_INDEX, "safetensors"), (BIN_INDEX, "bin")):
         index_path = os.path.join(folder, index_name)
-        if os.path.isfile(index_path):
-            with open(index_path, encoding="utf-8") as file:
-                weight_map = dict(json.load(file)["weight_map"])
+        if os.path.lexists(index_path):
+            _inside(folder, index_name, "the index")
+            weight_map = _read_index(index_path)
             files = tuple(sorted(set(weight_map.values())))
+            for name in files:
+                key = next(k for k, v in weight_map.items() if v == name)
+                path = _inside(folder, name, f"{index_path}: the entry of {key!r},")
+                if not os.path.isfile(path):
+                    raise WeightFileError(f"{index_path} names {name!r} (for {key!r}), which "
+                                          f"does not exist in {folder}.")
             return CheckpointFiles(folder, fmt, files, weight_map)
         single = SAFETENSORS_FILE if fmt == "safetensors" else BIN_FILE
-        if os.path.isfile(os.path.join(folder, single)):
+        if os.path.lexists(os.path.join(folder, single)):
+            _inside(folder, single, "the weight file")
             return CheckpointFiles(folder, fmt, (single,))
     present = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
     raise FileNotFoundError(
@@ -314,7 +371,7 @@ def load_hf_weights(model: nn.Module, folder: str | os.PathLike[str]) -> LoadRep
 def _load_safetensors(model: nn.Module, files: CheckpointFiles, report: LoadReport) -> None:
     weight_map = files.weight_map
     if weight_map is None:  # one file: its keys are in its header
-        with safe_open(files.path(files.files[0])) as handle:
+        with _open_checked(files.path(files.files[0])) as handle:
             weight_map = {key: files.files[0] for key in handle.keys()}
     targets = _plan_keys(model, set(weight_map), report, files.folder)
     per_file: dict[str, list[_Target]] = {}
@@ -325,10 +382,12 @@ def _load_safetensors(model: nn.Module, files: CheckpointFiles, report: LoadRepo
         if name not in per_file:
             continue
         report.files_opened.append(name)
-        with safe_open(files.path(name)) as handle:
+        with _open_checked(files.path(name)) as handle:
+            held = set(handle.keys())
+            for target in per_file[name]:  # the file's entries checked before it is read
+                _check_entry(handle, held, target, files.path(name))
             for target in per_file[name]:
                 part = handle.get_slice(target.key)
-                _check_shape(target, tuple(part.get_shape()), files.path(name))
                 local, offsets = local_chunk(target.tensor)
                 if local.numel() == 0:
                     continue
@@ -336,6 +395,35 @@ def _load_safetensors(model: nn.Module, files: CheckpointFiles, report: LoadRepo
                 report.bytes_read += data.numel() * data.element_size()
                 local.copy_(data.reshape(local.shape))
                 report.loaded.append(target.names[0])
+
+
+def _open_checked(path: str) -> Any:
+    """:func:`safe_open`, a damaged file's error naming it (safetensors' own names none)."""
+    try:
+        return safe_open(path)
+    except Exception as exc:  # SafetensorError, OSError: the header or size is wrong
+        raise WeightFileError(f"{path} is not a readable safetensors file ({exc}); it may be "
+                              f"truncated or damaged: download or save it again.") from None
+
+
+def _check_entry(handle: Any, held: set[str], target: _Target, path: str) -> None:
+    """The tensor ``target`` reads from ``path``: there, of the model's shape, and not
+    integers for a floating-point parameter (a relabelled header)."""
+    assert target.key is not None
+    if target.key not in held:
+        raise WeightFileError(f"{path} does not hold {target.key!r}, which its index names it "
+                              f"for.")
+    try:
+        part = handle.get_slice(target.key)
+        shape, dtype = tuple(part.get_shape()), str(part.get_dtype())
+    except Exception as exc:
+        raise WeightFileError(f"{path}: {target.key!r} cannot be read ({exc}).") from None
+    _check_shape(target, shape, path)
+    if dtype.upper() in _INTEGER_DTYPES and target.tensor.is_floating_point():
+        raise WeightFileError(
+            f"{path}: {target.key!r} is stored as {dtype.upper()}, an integer type, for the "
+            f"floating-point {target.names[0]!r} ({target.tensor.dtype}); the header does not "
+            f"describe these weights.")
 
 
 def _load_bin_from_rank0(model: nn.Module, files: CheckpointFiles,

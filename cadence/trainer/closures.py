@@ -1,7 +1,7 @@
 """Optimizer steps that run the batch's forward and backward themselves (closures).
 
 An optimizer whose ``_step_supports_amp_closure`` attribute is true (Composer's flag;
-:class:`~cadence.algorithms.sam.SAMOptimizer`) gets ``step(closure=...)``: the closure zeroes
+:class:`~cadence.algorithms.sam.sam.SAMOptimizer`) gets ``step(closure=...)``: the closure zeroes
 the gradients, runs every microbatch's forward and backward, unscales the gradients (with a
 gradient scaler) and fires ``AFTER_TRAIN_BATCH``, and returns the batch's loss (a 0-d
 tensor), or ``None`` when a gradient scaler found inf/nan in the gradients (on any rank), in

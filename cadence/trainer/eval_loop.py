@@ -14,11 +14,18 @@ from cadence.core.precision import Precision, get_precision_context
 from cadence.loggers.logger import Logger
 from cadence.parallel.data import real_samples_on_rank
 
-__all__ = ["evaluate"]
+__all__ = ["EvalInterrupted", "evaluate"]
+
+
+class EvalInterrupted(Exception):
+    """An evaluation stopped at a batch boundary because ``stop_requested`` said so (a
+    preemption signal); the model is back in train mode and ``state.dataloader`` the
+    training one."""
 
 
 def evaluate(state: State, engine: Engine, logger: Logger, module: Any, evaluator: Evaluator,
-             limit: int) -> dict[str, float]:
+             limit: int, stop_requested: Optional[Callable[[], bool]] = None
+             ) -> dict[str, float]:
     """Evaluate ``state.model`` on ``evaluator`` (at most ``limit`` batches; ``-1``: all) and
     log ``metrics/<label>/<name>``.
 
@@ -30,10 +37,14 @@ def evaluate(state: State, engine: Engine, logger: Logger, module: Any, evaluato
     updates. Every rank runs every forward (FSDP needs it); padded copies that a
     ``DistributedSampler`` added to even out the ranks do not reach the metrics. The model is
     in eval mode and back in train mode afterwards; ``state.dataloader`` is the evaluator's
-    during the pass.
+    during the pass. ``stop_requested`` (the preemption check during ``fit``) is asked at
+    each batch boundary.
 
     Returns:
         ``{"metrics/<label>/<name>": value}``.
+
+    Raises:
+        EvalInterrupted: ``stop_requested()`` was true at a batch boundary.
     """
     metrics = state.eval_metrics.get(evaluator.label, {})
     for metric in metrics.values():
@@ -45,11 +56,42 @@ def evaluate(state: State, engine: Engine, logger: Logger, module: Any, evaluato
     engine.run_event(Event.EVAL_START)
     state.model.eval()
     real_left = real_samples_on_rank(spec.dataloader)  # None: no padded copies
+    try:
+        _eval_batches(state, engine, module, evaluator, spec, metrics, limit, real_left,
+                      stop_requested)
+    except EvalInterrupted:
+        state.model.train()
+        state.set_dataloader(*train_loader)
+        raise
+    results = {f"metrics/{evaluator.label}/{name}": float(metric.compute())
+               for name, metric in metrics.items()}
+    logger.log_metrics(results)
+    state.eval_metric_values.update({name: results[f"metrics/{evaluator.label}/{name}"]
+                                     for name in metrics})  # Composer's, by metric name
+    engine.run_event(Event.EVAL_END)
+    state.model.train()
+    state.set_dataloader(*train_loader)
+    return results
+
+
+def _eval_batches(state: State, engine: Engine, module: Any, evaluator: Evaluator,
+                  spec: DataSpec, metrics: dict[str, Any], limit: int,
+                  real_left: Optional[int], stop_requested: Optional[Callable[[], bool]]
+                  ) -> None:
+    """The evaluation's batches; ``stop_requested`` is asked before each one after the
+    first (on every rank: it may be a collective).
+
+    Raises:
+        EvalInterrupted: ``stop_requested()`` was true.
+    """
     counter = getattr(module, "num_tokens", None)
     with torch.no_grad():
         for index, batch in enumerate(spec.dataloader):
             if 0 <= limit <= index:
                 break
+            if index and stop_requested is not None and stop_requested():
+                raise EvalInterrupted(f"evaluation of {evaluator.label!r} stopped at batch "
+                                      f"{index}")
             device_batch = spec.batch_on_device(batch, state.device)
             state.batch = device_batch
             engine.run_event(Event.EVAL_BATCH_START)
@@ -63,15 +105,6 @@ def evaluate(state: State, engine: Engine, logger: Logger, module: Any, evaluato
                 int(spec.get_num_samples_in_batch(device_batch)),
                 count_tokens(spec, batch, device_batch, counter))
             engine.run_event(Event.EVAL_BATCH_END)
-    results = {f"metrics/{evaluator.label}/{name}": float(metric.compute())
-               for name, metric in metrics.items()}
-    logger.log_metrics(results)
-    state.eval_metric_values.update({name: results[f"metrics/{evaluator.label}/{name}"]
-                                     for name in metrics})  # Composer's, by metric name
-    engine.run_event(Event.EVAL_END)
-    state.model.train()
-    state.set_dataloader(*train_loader)
-    return results
 
 
 def _eval_microbatch(state: State, engine: Engine, module: Any, spec: DataSpec,

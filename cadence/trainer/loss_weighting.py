@@ -29,7 +29,11 @@ A model whose ``accepts_num_items_in_batch`` is true (a Hugging Face causal LM w
 ``forward`` takes ``num_items_in_batch``) gets the global count in its microbatch, as the
 key ``num_items_in_batch`` (a 0-dim int64 tensor), and returns ``sum of token losses /
 num_items_in_batch`` (Hugging Face's ``num_items_in_batch``): its loss needs only the
-data-parallel factor, and a microbatch without loss tokens gives 0, not ``nan``.
+data-parallel factor, and a microbatch without loss tokens gives 0, not ``nan`` (by samples
+too, for a model with ``num_loss_tokens``). With tokens, a global batch without any loss
+token is not a step (no optimizer or scheduler step, no loss logged; a warning counts them;
+one host read of the count per batch), and a run whose first :data:`EMPTY_BATCHES_REFUSED`
+batches all have none is refused.
 
 The loss the Trainer keeps (``state.loss``, ``state.total_loss``) is the weighted one: one
 rank's ``state.total_loss`` is its part of the batch's mean, times the data-parallel size,
@@ -86,6 +90,12 @@ class LossWeighting:
         self._dp_size, self._dp_group = int(dp_size), dp_group
         self._batch_samples = 1
         self._batch_tokens: Optional[torch.Tensor] = None
+        loss_counter = getattr(model, "num_loss_tokens", None)
+        self._loss_counter = loss_counter if callable(loss_counter) else None
+        #: whether the global batch of :meth:`begin_batch` has a loss token (tokens mode)
+        self.has_loss_tokens = True
+        self.skipped_batches = 0  # batches without a loss token, not stepped
+        self._stepped_batches = 0
 
     def begin_batch(self, batch: Any, batch_size: int, device: torch.device) -> None:
         """Count ``batch`` (this rank's, ``batch_size`` samples) once: with tokens, its loss
@@ -99,8 +109,28 @@ class LossWeighting:
 
             count = count.clone()
             torch_dist.all_reduce(count, group=self._dp_group)
-        # no loss token in the whole batch: weights 0 (a zero step), not a division by zero
+        # no loss token in the whole batch: the Trainer skips its step (one host sync a batch)
+        self.has_loss_tokens = bool(count.item() > 0)
         self._batch_tokens = count.clamp(min=1)
+
+    def note_skipped(self) -> int:
+        """Count a batch skipped for having no loss token; returns the count so far.
+
+        Raises:
+            ValueError: the first :data:`EMPTY_BATCHES_REFUSED` batches had none: the
+                labels are all ``-100`` (a masking or data error), nothing would train.
+        """
+        self.skipped_batches += 1
+        if self._stepped_batches == 0 and self.skipped_batches >= EMPTY_BATCHES_REFUSED:
+            raise ValueError(
+                f"The first {self.skipped_batches} batches have no loss token (every label is "
+                f"-100), so nothing trains: check the data's labels and masking (an "
+                f"instruction record's response, the collator's padding).")
+        return self.skipped_batches
+
+    def note_stepped(self) -> None:
+        """Count a batch that was stepped."""
+        self._stepped_batches += 1
 
     def prepare(self, microbatch: Any) -> Any:
         """The microbatch the model runs on: with ``num_items_in_batch``, a copy with that
@@ -116,6 +146,9 @@ class LossWeighting:
         """
         if not self.on_tokens:
             share = num_samples(microbatch) / self._batch_samples
+            if self._loss_counter is not None:  # no loss token: its mean is nan (0 / 0)
+                tokens = torch.as_tensor(self._loss_counter(microbatch)).to(loss.device)
+                return torch.where(tokens > 0, loss * share, torch.zeros_like(loss))
             # a whole batch (share 1.0) needs no scaling: no extra multiply or autograd node
             return loss if share == 1.0 else loss * share
         if self._num_items:  # already sum / global tokens
@@ -129,6 +162,10 @@ class LossWeighting:
     def _count(self, batch: Any) -> torch.Tensor:
         assert self._counter is not None
         return torch.as_tensor(self._counter(batch))
+
+
+#: A run whose first this many batches all lack a loss token is refused.
+EMPTY_BATCHES_REFUSED = 10
 
 
 def mean_over_ranks(loss: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

@@ -11,9 +11,10 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-from cadence.core import Engine, Event, State
-from cadence.core.data_spec import DataSpec, batch_to_device
+from cadence.core import Engine, Event, State, Timestamp
+from cadence.core.data_spec import DataSpec, batch_to_device, count_tokens
 from cadence.core.precision import Precision, get_precision_context
+from cadence.utils.misc import unwrap_model
 
 __all__ = ["predict_loop", "to_cpu"]
 
@@ -38,7 +39,9 @@ def predict_loop(state: State, engine: Engine, dataloader: Iterable[Any],
     Events: ``PREDICT_START``; per batch ``PREDICT_BATCH_START``,
     ``PREDICT_BEFORE_FORWARD``, ``PREDICT_AFTER_FORWARD`` (``state.outputs`` holds the
     outputs; a callback may write them somewhere), ``PREDICT_BATCH_END``; ``PREDICT_END``.
-    The model's training mode is restored afterwards. With a ``data_spec``, its
+    ``state.predict_timestamp`` starts at zero and counts each batch (this rank's samples
+    and tokens) before ``PREDICT_BATCH_END``, as Composer's. The model's training mode is
+    restored afterwards. With a ``data_spec``, its
     ``batch_transforms`` run before each batch moves to the device, its ``device_transforms``
     and ``microbatch_transforms`` after.
 
@@ -55,6 +58,9 @@ def predict_loop(state: State, engine: Engine, dataloader: Iterable[Any],
     model = state.model
     was_training = model.training
     outputs: list[Any] = []
+    spec = DataSpec(dataloader) if data_spec is None else data_spec  # the batch counters
+    counter = getattr(unwrap_model(model), "num_tokens", None)
+    state.predict_timestamp = Timestamp()
     engine.run_event(Event.PREDICT_START)
     model.eval()
     try:
@@ -67,6 +73,8 @@ def predict_loop(state: State, engine: Engine, dataloader: Iterable[Any],
                 else:
                     state.batch = data_spec.microbatch_transforms(
                         data_spec.batch_on_device(batch, state.device))
+                samples = int(spec.get_num_samples_in_batch(state.batch))
+                tokens = count_tokens(spec, batch, state.batch, counter)
                 engine.run_event(Event.PREDICT_BATCH_START)
                 engine.run_event(Event.PREDICT_BEFORE_FORWARD)
                 with get_precision_context(Precision(state.precision), device=state.device):
@@ -74,6 +82,7 @@ def predict_loop(state: State, engine: Engine, dataloader: Iterable[Any],
                 engine.run_event(Event.PREDICT_AFTER_FORWARD)
                 if return_outputs:
                     outputs.append(to_cpu(state.outputs))
+                state.predict_timestamp = state.predict_timestamp.to_next_batch(samples, tokens)
                 engine.run_event(Event.PREDICT_BATCH_END)
                 state.outputs = None
     finally:

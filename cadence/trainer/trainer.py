@@ -54,7 +54,7 @@ from cadence.parallel.data import (
 )
 from cadence.core.precision import Precision
 from cadence.trainer.run_plan import RunPlan
-from cadence.trainer.eval_loop import evaluate
+from cadence.trainer.eval_loop import EvalInterrupted, evaluate
 from cadence.trainer.predict import predict_loop
 from cadence.profiler.profiler import bind_profilers
 from cadence.trainer.preemption import Preemption
@@ -592,18 +592,28 @@ class Trainer:
             state.model.train()
         self._weighting.begin_batch(batch, batch_size, state.device)  # tokens: one all-reduce
         num_tokens = self._batch_tokens
-        gradients = functools.partial(self._batch_gradients, batch, batch_size)
-        if uses_closure(state.optimizers):  # SAM: the optimizer calls forward-backward itself
-            for optimizer in state.optimizers:
-                step_with_closure(optimizer, gradients, state.scaler)
+        stepped = self._weighting.has_loss_tokens  # False: every label -100, no step
+        if stepped:
+            self._weighting.note_stepped()
+            gradients = functools.partial(self._batch_gradients, batch, batch_size)
+            if uses_closure(state.optimizers):  # SAM: the optimizer runs forward-backward
+                for optimizer in state.optimizers:
+                    step_with_closure(optimizer, gradients, state.scaler)
+            else:
+                gradients()
+                self._optimizer_step()
         else:
-            gradients()
-            self._optimizer_step()
+            skipped = self._weighting.note_skipped()
+            log.warning("Batch %d has no loss token (every label is -100): its step is "
+                        "skipped (%d batch%s skipped so far).", int(state.timestamp.batch) + 1,
+                        skipped, "" if skipped == 1 else "es")
         world = state.parallel_dims.dp_size  # ranks with their own samples (a TP group shares one batch)
         state.previous_timestamp = state.timestamp
         state.timestamp = state.timestamp.to_next_batch(
             self._batch_samples * world, num_tokens * world,
             self._wall_clock.lap(state, self.eval_interval))
+        if not stepped:
+            return
         self._step_schedulers(every_batch=True)
         if self._run_plan.log_after_batch(state, int(state.timestamp.batch)):  # log_interval
             self._log_train_metrics()
@@ -764,17 +774,25 @@ class Trainer:
             return {}
         self.engine.run_event(Event.EVAL_BEFORE_ALL)
         results: dict[str, float] = {}
-        for evaluator in due:
-            limit = subset_num_batches
-            if limit is None or limit == -1:
-                limit = (self.eval_subset_num_batches if evaluator.subset_num_batches is None
-                         else evaluator.subset_num_batches)
-            results.update(self._eval_one(evaluator, int(limit)))
+        # during fit, a preemption signal stops an evaluation at its next batch boundary
+        stop = (lambda: self._preemption.requested() is not None) if event is not None \
+            else None
+        try:
+            for evaluator in due:
+                limit = subset_num_batches
+                if limit is None or limit == -1:
+                    limit = (self.eval_subset_num_batches if evaluator.subset_num_batches is None
+                             else evaluator.subset_num_batches)
+                results.update(self._eval_one(evaluator, int(limit), stop))
+        except EvalInterrupted:  # save the batches trained, close, raise Preempted
+            self._preemption.stop(self.state, self.logger, self.close)
         self.engine.run_event(Event.EVAL_AFTER_ALL)
         return results
 
-    def _eval_one(self, evaluator: Evaluator, limit: int) -> dict[str, float]:
-        return evaluate(self.state, self.engine, self.logger, self._module, evaluator, limit)
+    def _eval_one(self, evaluator: Evaluator, limit: int,
+                  stop: Optional[Callable[[], bool]] = None) -> dict[str, float]:
+        return evaluate(self.state, self.engine, self.logger, self._module, evaluator, limit,
+                        stop)
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:

@@ -33,7 +33,8 @@ from cadence.utils.misc import unwrap_model
 if TYPE_CHECKING:
     from cadence.loggers.logger import Logger
 
-__all__ = ["ExportFormat", "Transform", "export_for_inference", "export_with_logger"]
+__all__ = ["ExportFormat", "Transform", "export_for_inference", "export_with_logger",
+           "scripting_error"]
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,17 @@ def _jit_without_deprecation() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=DeprecationWarning)
         yield
+
+
+def scripting_error(model: nn.Module) -> Optional[Exception]:
+    """Why ``torch.jit.script`` cannot compile ``model`` (the error it raised), or None.
+    The scripted module shares ``model``'s tensors: nothing is copied."""
+    with _jit_without_deprecation():
+        try:
+            torch.jit.script(model)
+        except Exception as exc:  # torch raises many kinds for unscriptable code
+            return exc
+    return None
 
 
 def _torchscript(model: nn.Module, sample_input: Optional[tuple[Any, ...]], path: str) -> None:

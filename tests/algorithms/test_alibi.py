@@ -15,7 +15,7 @@ from transformers import BertConfig, BertForMaskedLM, RobertaConfig, RobertaForM
 
 from cadence import Callback, State, dist
 from cadence.algorithms import Alibi, apply_alibi
-from cadence.algorithms.alibi_attention import (
+from cadence.algorithms.alibi.attention_surgery_functions.utils import (
     BertAlibiSelfAttention,
     GPT2AlibiAttention,
     RobertaAlibiSelfAttention,

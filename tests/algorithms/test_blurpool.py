@@ -10,7 +10,7 @@ from torch import nn
 from cadence import Event
 from cadence.algorithms import BlurPool, apply_blurpool
 from cadence.algorithms.warnings import NoEffectWarning
-from cadence.algorithms.blurpool import (
+from cadence.algorithms.blurpool.blurpool import (
     BlurConv2d,
     BlurMaxPool2d,
     BlurPool2d,
@@ -109,12 +109,12 @@ def test_blurpool_in_a_trainer() -> None:
 
 
 @pytest.mark.parametrize("surgery", [
-    "cadence.algorithms.blurpool:apply_blurpool",
-    "cadence.algorithms.squeeze_excite:apply_squeeze_excite",
-    "cadence.algorithms.ghost_batchnorm:apply_ghost_batchnorm",
-    "cadence.algorithms.weight_standardization:apply_weight_standardization",
-    "cadence.algorithms.factorize:apply_factorization",
-    "cadence.algorithms.stochastic_depth:apply_stochastic_depth",
+    "cadence.algorithms.blurpool.blurpool:apply_blurpool",
+    "cadence.algorithms.squeeze_excite.squeeze_excite:apply_squeeze_excite",
+    "cadence.algorithms.ghost_batchnorm.ghost_batchnorm:apply_ghost_batchnorm",
+    "cadence.algorithms.weight_standardization.weight_standardization:apply_weight_standardization",
+    "cadence.algorithms.factorize.factorize:apply_factorization",
+    "cadence.algorithms.stochastic_depth.stochastic_depth:apply_stochastic_depth",
 ])
 def test_surgery_after_sharding_is_refused(surgery: str) -> None:
     """Every surgery of the vision algorithms refuses a model already sharded (FSDP2)."""
@@ -129,3 +129,25 @@ def test_surgery_after_sharding_is_refused(surgery: str) -> None:
     with pytest.raises(TypeError, match="already parallelized"):
         args = ("ResNetBottleneck",) if function == "apply_stochastic_depth" else ()
         getattr(importlib.import_module(module_name), function)(net, *args)
+
+
+def test_apply_blurpool_logs_composers_summary(caplog: pytest.LogCaptureFixture) -> None:
+    """Composer's docs: "Applied BlurPool to model ResNet. Model now has 1 BlurMaxPool2d and
+    6 BlurConv2D layers." The same words, for a ResNet-shaped stem and two strided stages
+    (the 3-channel stem conv is below min_channels and stays)."""
+    import logging
+
+    from cadence.algorithms.blurpool import apply_blurpool
+
+    class ResNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = torch.nn.Conv2d(3, 16, 7, stride=2, padding=3)
+            self.maxpool = torch.nn.MaxPool2d(3, stride=2, padding=1)
+            self.stage2 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+            self.down2 = torch.nn.Conv2d(16, 32, 1, stride=2)
+
+    with caplog.at_level(logging.INFO, logger="cadence.algorithms.blurpool.blurpool"):
+        apply_blurpool(ResNet())
+    assert "Applied BlurPool to model ResNet. Model now has 1 BlurMaxPool2d and 2 BlurConv2D " \
+           "layers." in caplog.text

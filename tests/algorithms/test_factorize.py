@@ -8,7 +8,7 @@ from torch import nn
 
 from cadence import Event
 from cadence.algorithms import Factorize, apply_factorization
-from cadence.algorithms.factorize import (
+from cadence.algorithms.factorize.factorize import (
     FactorizedConv2d,
     FactorizedLinear,
     factorize_conv2d,

@@ -15,7 +15,7 @@ from transformers.models.bert.modeling_bert import BertIntermediate, BertOutput
 
 from cadence import Callback, State, dist
 from cadence.algorithms import GatedLinearUnits, apply_gated_linear_units
-from cadence.algorithms.gated_linear_units import BERTGatedFFOutput
+from cadence.algorithms.gated_linear_units.gated_linear_units import BERTGatedFFOutput
 from cadence.algorithms.warnings import NoEffectWarning
 from cadence.models import HuggingFaceModel
 from tests.algorithms.algorithm_helpers import SEQ, VOCAB, run_trainer, tiny_gpt

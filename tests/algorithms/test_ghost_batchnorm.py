@@ -8,7 +8,7 @@ from torch import nn
 
 from cadence import Event
 from cadence.algorithms import GhostBatchNorm, apply_ghost_batchnorm
-from cadence.algorithms.ghost_batchnorm import GhostBatchNorm1d, GhostBatchNorm2d
+from cadence.algorithms.ghost_batchnorm.ghost_batchnorm import GhostBatchNorm1d, GhostBatchNorm2d
 from cadence.utils.module_surgery import count_module_instances
 from tests.algorithms.vision_helpers import (
     LossRecorder,

@@ -12,7 +12,7 @@ import torch
 
 from cadence import Callback, State, Trainer
 from cadence.algorithms import GradientClipping, apply_gradient_clipping
-from cadence.algorithms.gradient_clipping import unitwise_norm
+from cadence.algorithms.gradient_clipping.gradient_clipping import unitwise_norm
 from tests.common.models import SimpleModel, make_dataloader
 
 
@@ -57,6 +57,21 @@ def test_unknown_type_names_adaptive() -> None:
         apply_gradient_clipping(torch.nn.Linear(2, 2), "agc", 0.1)
     with pytest.raises(ValueError, match="adaptive"):
         GradientClipping("agc", 0.1)
+
+
+def test_a_one_element_tuple_names_its_type_as_composers_tests_pass_it() -> None:
+    """Composer's ``test_gradient_clipping_algorithm`` passes ``clipping_type=('norm',)``;
+    a one-element tuple or list is its element, anything longer is refused by name."""
+    for kind in ("adaptive", "norm", "value"):
+        assert GradientClipping(clipping_type=(kind,), clipping_threshold=0.01).clipping_type \
+            == kind
+    layer = torch.nn.Linear(2, 2)
+    layer.weight.grad = torch.full((2, 2), 5.0)
+    layer.bias.grad = torch.full((2,), 5.0)
+    apply_gradient_clipping(layer, ["value"], 1.0)
+    assert torch.equal(layer.weight.grad, torch.ones(2, 2))
+    with pytest.raises(ValueError, match=r"\('norm', 'value'\).*one of: norm, value, adaptive"):
+        GradientClipping(clipping_type=("norm", "value"))
 
 
 class _Ratios(Callback):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from cadence import Callback, ComposerModel, State, Trainer
 from cadence.algorithms import GyroDropout, apply_gyro_dropout
-from cadence.algorithms.gyro_dropout import GyroDropoutLayer
+from cadence.algorithms.gyro_dropout.gyro_dropout import GyroDropoutLayer
 from cadence.algorithms.warnings import NoEffectWarning
 from tests.common.models import make_dataloader
 

@@ -19,8 +19,8 @@ from cadence.algorithms import (
     apply_low_precision_groupnorm,
     apply_low_precision_layernorm,
 )
-from cadence.algorithms.low_precision_groupnorm import LPGroupNorm
-from cadence.algorithms.low_precision_layernorm import LPLayerNorm
+from cadence.algorithms.low_precision_groupnorm.low_precision_groupnorm import LPGroupNorm
+from cadence.algorithms.low_precision_layernorm.low_precision_layernorm import LPLayerNorm
 from cadence.algorithms.warnings import NoEffectWarning
 from cadence.models.tasks.classification import ComposerClassifier
 from tests.algorithms.algorithm_helpers import run_trainer, tiny_gpt

@@ -8,7 +8,7 @@ import torch
 
 from cadence import Trainer
 from cadence.algorithms import NoOpModel
-from cadence.algorithms.no_op_model import NoOpModelClass
+from cadence.algorithms.no_op_model.no_op_model import NoOpModelClass
 from tests.common.models import SimpleModel, make_dataloader
 
 

@@ -83,8 +83,8 @@ def test_surgeries_together_resume_exactly(tmp_path: Path) -> None:
     """The INIT surgeries of the vision algorithms stack, and a resumed run (surgery again,
     then the checkpoint: the new modules' weights and optimizer state) continues exactly."""
     from cadence.algorithms import BlurPool, Factorize, GhostBatchNorm, WeightStandardization
-    from cadence.algorithms.blurpool import BlurConv2d
-    from cadence.algorithms.factorize import FactorizedConv2d
+    from cadence.algorithms.blurpool.blurpool import BlurConv2d
+    from cadence.algorithms.factorize.factorize import FactorizedConv2d
 
     def trainer(**kwargs: Any) -> Any:
         surgeries = [Factorize(min_channels=16, latent_channels=4), BlurPool(),

@@ -11,7 +11,7 @@ from torch import nn
 
 from cadence import Callback, Event
 from cadence.algorithms import StochasticDepth, apply_stochastic_depth
-from cadence.algorithms.stochastic_depth import StochasticBottleneck, is_resnet_bottleneck
+from cadence.algorithms.stochastic_depth.stochastic_depth import StochasticBottleneck, is_resnet_bottleneck
 from cadence.utils.module_surgery import count_module_instances
 from tests.algorithms.vision_helpers import (
     Bottleneck,

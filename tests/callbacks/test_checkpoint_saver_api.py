@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from cadence import Trainer
@@ -92,3 +93,17 @@ def test_keep_zero_uploads_then_keeps_nothing_locally(tmp_path: Path) -> None:
     uploaded = torch.load(tmp_path / "remote" / "ckpt/checkpoints/ep0-ba2-rank0.pt",
                           weights_only=False)
     assert uploaded is not None
+
+
+def test_saved_checkpoints_join_the_folder_as_given(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Composer's docs: ``save_folder='./path/to/checkpoints', save_filename='ep{epoch}.pt'``
+    gives ``trainer.saved_checkpoints == ['./path/to/checkpoints/ep1.pt']``."""
+    monkeypatch.chdir(tmp_path)
+    trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(2),
+                      max_duration="1ep", save_folder="./path/to/checkpoints",
+                      save_filename="ep{epoch}.pt", save_interval="1ep", progress_bar=False)
+    trainer.fit()
+    trainer.close()
+    assert trainer.saved_checkpoints == ["./path/to/checkpoints/ep1.pt"]
+    assert (tmp_path / "path" / "to" / "checkpoints" / "ep1.pt").is_file()

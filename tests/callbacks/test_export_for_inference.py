@@ -64,3 +64,33 @@ def test_arguments() -> None:
     with pytest.raises(ValueError, match="save_format.*'pickle'"):
         ExportForInferenceCallback("pickle", "/tmp/x")
     assert registry.callbacks.get("export_for_inference") is ExportForInferenceCallback
+
+
+class _Unscriptable(torch.nn.Module):
+    """``x [batch, 8] -> logits [batch, 3]`` through a lambda, which TorchScript cannot
+    compile (as the built-in ``gpt2``'s transformers code)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (lambda t: self.net(t))(x)
+
+
+def test_an_unscriptable_model_is_refused_before_training(tmp_path: Path) -> None:
+    """A TorchScript export without ``sample_input`` that cannot script the model fails at
+    ``FIT_START``, naming the model and the fixes, not after every batch has trained."""
+    from cadence.models import ComposerClassifier
+
+    model = ComposerClassifier(_Unscriptable(), num_classes=3)
+    trainer = Trainer(model=model, train_dataloader=make_dataloader(3), max_duration="3ba",
+                      callbacks=[ExportForInferenceCallback("torchscript",
+                                                            str(tmp_path / "m.pt"))],
+                      progress_bar=False, device="cpu", seed=0)
+    with pytest.raises(ValueError, match=r"ComposerClassifier cannot be exported as "
+                                         r"TorchScript.*sample_input.*onnx"):
+        trainer.fit()
+    assert int(trainer.state.timestamp.batch) == 0
+    assert not (tmp_path / "m.pt").exists()
+    trainer.close()

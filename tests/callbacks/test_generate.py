@@ -71,3 +71,42 @@ def test_rejects_bad_arguments_and_models_without_a_tokenizer() -> None:
                       callbacks=[Generate(PROMPTS, interval="1ba")], progress_bar=False)
     with pytest.raises(ValueError, match="tokenizer"):
         trainer.fit()
+
+
+@pytest.mark.parametrize("prompt, kwargs, match", [
+    ("word " * 40, {"max_new_tokens": 2}, r"prompt 2 .*4\d tokens.*\+ 2 new.*context of 32"),
+    ("Hello", {"max_new_tokens": 40}, r"prompt 1 .*\+ 40 new.*context of 32"),
+    ("", {"max_new_tokens": 2}, r"prompt 2 is empty"),
+])
+def test_bad_prompts_fail_at_fit_start(prompt: str, kwargs: dict, match: str) -> None:
+    """A prompt past the model's context, ``max_new_tokens`` past it, or an empty prompt is
+    refused at ``FIT_START``, before any batch trains."""
+    trainer = Trainer(model=_model(), train_dataloader=_loader(), max_duration="2ba",
+                      callbacks=[Generate(["Hi", prompt], interval="1ba", **kwargs)],
+                      progress_bar=False, seed=0)
+    with pytest.raises(ValueError, match=match):
+        trainer.fit()
+    assert int(trainer.state.timestamp.batch) == 0
+    trainer.close()
+
+
+def test_a_failing_callback_does_not_cost_the_checkpoint_of_its_event(tmp_path) -> None:
+    """Generate runs before the checkpoint saver on ``BATCH_CHECKPOINT``; when it (or any
+    callback) fails there, the batch's checkpoint is still written, then the error raised."""
+    from cadence import Callback
+
+    class FailsAtCheckpoint(Callback):
+        def batch_checkpoint(self, state, logger) -> None:  # type: ignore[no-untyped-def]
+            if int(state.timestamp.batch) == 2:
+                raise RuntimeError("boom at batch 2")
+
+    from cadence.callbacks import CheckpointSaver
+
+    saver = CheckpointSaver(folder=str(tmp_path), save_interval="1ba")  # after the failing one
+    trainer = Trainer(model=_model(), train_dataloader=_loader(), max_duration="3ba",
+                      callbacks=[FailsAtCheckpoint(), saver], progress_bar=False, seed=0)
+    with pytest.raises(RuntimeError, match="boom at batch 2"):
+        trainer.fit()
+    assert sorted(p.name for p in tmp_path.glob("ep*")) == ["ep0-ba1-rank0.pt",
+                                                             "ep0-ba2-rank0.pt"]
+    trainer.close()

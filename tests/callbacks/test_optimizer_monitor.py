@@ -38,7 +38,8 @@ def test_grad_norm_matches_clip_grad_norm() -> None:
     memory, reference = InMemoryLogger(), ReferenceNorms()
     trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(num_batches=5),
                       max_duration="5ba", seed=0, progress_bar=False,
-                      callbacks=[OptimizerMonitor(batch_log_interval=2), reference],
+                      callbacks=[OptimizerMonitor(batch_log_interval=2, log_per_layer=False),
+                                 reference],
                       loggers=[memory])
     trainer.fit()
     trainer.close()
@@ -64,6 +65,21 @@ def test_per_layer_norms_add_up_to_the_global_norm() -> None:
         layers = [values[f"l2_norm/{kind}/{name}"] for name in names]
         assert math.sqrt(sum(v * v for v in layers)) == pytest.approx(
             values[f"l2_norm/{kind}/global"], rel=1e-6)
+
+
+def test_per_parameter_gradient_norms_by_default_as_composer() -> None:
+    """Composer's ``OptimizerMonitor()`` logs ``l2_norm/grad/<name>`` for every parameter
+    that has a gradient (the ComposerModel's names, ``module.2.weight`` for Composer's
+    ``SimpleModel``), at every logged step."""
+    memory = InMemoryLogger()
+    trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(num_batches=4),
+                      max_duration="4ba", seed=0, progress_bar=False,
+                      callbacks=[OptimizerMonitor(batch_log_interval=2)], loggers=[memory])
+    trainer.fit()
+    trainer.close()
+    for name, _ in SimpleModel().named_parameters():
+        steps, _values = memory.steps_and_values(f"l2_norm/grad/{name}")
+        assert steps == [2, 4], name
 
 
 def test_rejects_a_bad_interval() -> None:

@@ -12,7 +12,7 @@ from cadence.loggers import InMemoryLogger, Logger
 from tests.common.clock import FakeClock, install_fake_clock
 from tests.common.models import SimpleModel, make_dataloader
 
-KEY = "wall_clock/remaining_estimate"
+KEY = "time/remaining_estimate"  # Composer's name
 
 
 @pytest.fixture
@@ -46,6 +46,20 @@ def test_extrapolates_the_rate_after_the_skipped_batches(clock: FakeClock) -> No
     batch(state, estimator, logger, clock, 4.0)
     # 6 s for 0.2; 0.7 left -> 21 s.
     assert memory.most_recent_values[KEY] == pytest.approx(21.0)
+
+
+def test_composers_keys_in_a_run() -> None:
+    """Composer's names: ``time/remaining_estimate`` per batch, and its unit as the
+    hyperparameter ``time/remaining_estimate_unit`` (logged at ``INIT``)."""
+    memory = InMemoryLogger()
+    trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(num_batches=3),
+                      max_duration="3ba", progress_bar=False, loggers=[memory],
+                      callbacks=[RuntimeEstimator(time_unit="minutes")])
+    trainer.fit()
+    trainer.close()
+    assert memory.hyperparameters["time/remaining_estimate_unit"] == "minutes"
+    steps, values = memory.steps_and_values(KEY)
+    assert steps == [2, 3] and all(v >= 0 for v in values)
 
 
 def test_leaves_eval_time_out(clock: FakeClock) -> None:

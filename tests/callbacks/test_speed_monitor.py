@@ -60,6 +60,23 @@ def test_throughput_is_samples_over_elapsed(clock: FakeClock) -> None:
     assert steps == [2, 3, 4, 5, 6]
 
 
+def test_composers_history_attributes_hold_the_window(clock: FakeClock) -> None:
+    """Composer's ``history_samples`` / ``history_tokens`` / ``history_wct`` /
+    ``history_flops``: one entry per batch of the window (newest last), still readable
+    after ``FIT_END``."""
+    state, _memory, logger = make()
+    monitor = SpeedMonitor(window_size=3, time_unit="seconds")
+    monitor.fit_start(state, logger)
+    train(state, monitor, logger, clock, [5.0, 0.5], samples=4, tokens=64)
+    assert list(monitor.history_samples) == [4] and monitor.history_samples.maxlen == 3
+    train(state, monitor, logger, clock, [1.0, 2.0, 3.0], samples=8, tokens=128)
+    monitor.fit_end(state, logger)
+    assert list(monitor.history_samples) == [8, 8, 8]
+    assert list(monitor.history_tokens) == [128, 128, 128]
+    assert list(monitor.history_wct) == pytest.approx([1.0, 2.0, 3.0])
+    assert list(monitor.history_flops) == [0.0, 0.0, 0.0]  # no flops_per_batch
+
+
 def test_eval_time_is_excluded(clock: FakeClock) -> None:
     state, memory, logger = make()
     monitor = SpeedMonitor(window_size=10, time_unit="seconds")

@@ -178,6 +178,33 @@ def test_hf_from_composer_checkpoint_returns_the_trained_model(trained: dict[str
     assert bigger.config.resid_pdrop == 0.0
 
 
+def test_hf_from_composer_checkpoint_puts_a_new_head_on_the_pretrained_body(
+        trained: dict[str, Any]) -> None:
+    """Composer's pretrain -> fine-tune flow: another class on the saved body loads every
+    weight that fits, warns once naming the keys that did not, and refuses only a shape
+    mismatch (naming the key and both shapes)."""
+    from transformers import GPT2ForSequenceClassification
+
+    from cadence.checkpoint.errors import CheckpointError
+    from cadence.models import HuggingFaceModel
+
+    with pytest.warns(UserWarning) as record:
+        model, _ = HuggingFaceModel.hf_from_composer_checkpoint(
+            str(trained["full"]), model_instantiation_class=GPT2ForSequenceClassification,
+            model_config_kwargs={"num_labels": 3})
+    messages = [str(w.message) for w in record if "new head" in str(w.message)]
+    assert len(messages) == 1, [str(w.message) for w in record]
+    assert "score.weight" in messages[0] and "lm_head.weight" in messages[0]
+    assert isinstance(model, GPT2ForSequenceClassification) and model.num_labels == 3
+    body = trained["trainer"].state.model.model.transformer.state_dict()
+    for key, value in model.transformer.state_dict().items():
+        assert torch.equal(value, body[key]), key
+    with pytest.raises(CheckpointError, match=r"transformer\.wpe\.weight.*\[16, 32\].*\[32, 32\]"):
+        HuggingFaceModel.hf_from_composer_checkpoint(
+            str(trained["full"]), model_instantiation_class=GPT2ForSequenceClassification,
+            model_config_kwargs={"n_positions": 32})
+
+
 def test_write_huggingface_pretrained_loads_with_from_pretrained(trained: dict[str, Any],
                                                                  tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM

@@ -232,3 +232,38 @@ def test_launch_two_ranks_signal_to_one_rank_only(tmp_path: Path) -> None:
     code, out = finish(start(config, ranks=2), timeout=300)
     assert code == 0, out[-3000:]
     assert [s for s, _ in steps(folder)] == list(range(1, TOTAL + 1))
+
+
+class _SignalDuringEval(Callback):
+    """Sends this process ``SIGUSR1`` at the second eval batch of train batch 2; counts the
+    eval batches that start."""
+
+    def __init__(self) -> None:
+        self.eval_batches: dict[int, int] = {}
+
+    def eval_batch_start(self, state: State, logger: Any) -> None:
+        step = int(state.timestamp.batch)
+        self.eval_batches[step] = self.eval_batches.get(step, 0) + 1
+        if step == 2 and self.eval_batches[step] == 2:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def test_a_signal_during_a_long_evaluation_stops_it_at_a_batch_boundary(tmp_path: Path) -> None:
+    """The evaluation stops at its next batch boundary (not after its last batch, which
+    may be past ``preemption_timeout``); the batches trained are saved, then ``Preempted``."""
+    from cadence import Trainer
+    from cadence.trainer.preemption import Preempted
+    from tests.common.models import SimpleModel, make_dataloader
+
+    watcher = _SignalDuringEval()
+    trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(4),
+                      eval_dataloader=make_dataloader(6, seed=1), eval_interval="1ba",
+                      max_duration="4ba", save_folder=str(tmp_path), save_interval="10ba",
+                      preemption_signals=["SIGUSR1"], callbacks=[watcher], progress_bar=False,
+                      seed=0)
+    with pytest.raises(Preempted) as info:
+        trainer.fit()
+    assert info.value.exit_code == 128 + signal.SIGUSR1
+    assert watcher.eval_batches == {1: 6, 2: 2}  # the second pass stopped at its boundary
+    assert info.value.checkpoint is not None and "ba2" in info.value.checkpoint
+    assert is_complete(Path(info.value.checkpoint))

@@ -174,7 +174,7 @@ def test_reproducibility_helpers() -> None:
     assert first[0] == random.random() and torch.equal(first[1], torch.rand(2))
     before, env = torch.are_deterministic_algorithms_enabled(), os.environ.copy()
     try:
-        with pytest.warns(UserWarning, match="Deterministic mode"):
+        with pytest.warns(UserWarning, match="Deterministic mode is activated"):
             reproducibility.configure_deterministic_mode()
         assert torch.are_deterministic_algorithms_enabled()
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"

@@ -240,3 +240,49 @@ def test_trainer_takes_algorithm_passes() -> None:
     assert calls[:2] == ["second:init", "first:init"]
     assert "second:before_loss" in calls
     assert calls.index("second:before_loss") < calls.index("first:before_loss")
+
+
+class _IsClosed(Callback):
+    """Composer's ``IsClosedCallback``: open from ``INIT`` until ``close``."""
+
+    def __init__(self) -> None:
+        self.is_closed = True
+
+    def init(self, state: State, logger: Any) -> None:
+        assert self.is_closed
+        self.is_closed = False
+
+    def close(self, state: State, logger: Any) -> None:  # type: ignore[override]
+        self.is_closed = True
+
+
+def test_an_engine_closes_its_callbacks_when_dropped_and_only_once() -> None:
+    import gc
+    import sys
+
+    callback = _IsClosed()
+    state = State(model=torch.nn.Linear(1, 1), callbacks=[callback])
+    engine = Engine(state, logger=None)
+    engine.run_event(Event.INIT)
+    assert sys.getrefcount(engine) == 2  # nothing else holds it (atexit keeps a weak ref)
+    del engine
+    gc.collect()
+    assert callback.is_closed
+    engine = Engine(state, logger=None)  # the callback is closed: may be reused
+    engine.run_event(Event.INIT)
+    engine.close()
+    engine = Engine(state, logger=None)  # the closed engine goes away: no second close
+    engine.run_event(Event.INIT)
+    assert not callback.is_closed
+    engine.close()
+
+
+def test_a_callback_still_open_in_another_engine_is_refused_at_init() -> None:
+    callback = _IsClosed()
+    state = State(model=torch.nn.Linear(1, 1), callbacks=[callback])
+    first = Engine(state, logger=None)
+    first.run_event(Event.INIT)
+    with pytest.raises(RuntimeError, match="Cannot create a new trainer with an open callback "
+                                           "or logger from a previous trainer.*_IsClosed"):
+        Engine(state, logger=None).run_event(Event.INIT)
+    first.close()

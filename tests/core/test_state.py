@@ -35,6 +35,23 @@ def test_constructed_as_in_composer() -> None:
     assert state.get_elapsed_duration() == Time(0.0, TimeUnit.DURATION)
 
 
+def test_one_optimizer_scheduler_or_evaluator_may_be_assigned_alone() -> None:
+    """Composer's setters: ``state.schedulers = StepLR(...)`` (its test_state does this)
+    holds a list of one, which checkpoints save."""
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.Adadelta(model.parameters())
+    state = State(model=model, optimizers=optimizer, max_duration="3ep")
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3)
+    state.schedulers = scheduler
+    assert state.schedulers == [scheduler]
+    assert state.state_dict()["schedulers"] == [scheduler.state_dict()]
+    other = torch.optim.SGD(model.parameters(), lr=0.1)
+    state.optimizers = other
+    assert state.optimizers == [other]
+    state.evaluators = Evaluator(label="eval", dataloader=make_dataloader(1))
+    assert [e.label for e in state.evaluators] == ["eval"]
+
+
 def test_set_dataloader_and_dataloader_len() -> None:
     state = State(model=torch.nn.Linear(1, 1), max_duration="10ba")
     assert state.dataloader is None and state.dataloader_len is None

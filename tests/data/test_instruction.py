@@ -129,11 +129,51 @@ def test_bad_records_are_counted_per_file_and_an_unusable_file_is_named(tok, tmp
     with pytest.raises(ValueError, match=r"useless\.jsonl.*no usable record.*2 missing_keys"):
         instruction_dataloader(empty, tok, max_seq_len=16, cache_dir=tmp_path / "cache")
     broken = _write(tmp_path / "broken.jsonl", ['{"prompt": "x", "response": '])
-    with pytest.raises(ValueError, match=r"broken\.jsonl.*JSON lines"):
+    with pytest.raises(ValueError, match=r"broken\.jsonl.*no usable record.*1 malformed"):
         instruction_dataloader(broken, tok, cache_dir=tmp_path / "cache")
     with pytest.raises(ValueError, match="nowhere.jsonl.*does not exist"):
         instruction_dataloader(tmp_path / "nowhere.jsonl", tok)
     assert dataset_registry.get("instruction") is instruction_dataloader
+
+
+def test_a_bad_line_is_a_bad_record_not_an_unreadable_file(tok, tmp_path, caplog) -> None:
+    """Invalid UTF-8, a line that is not an object, a duplicate key, a lone surrogate and a
+    truncated last line (a killed writer's) are each one ``malformed`` record, counted with
+    its number; the other records load. An empty file is an error that says so."""
+    good = json.dumps({"prompt": "a", "response": "b"}).encode()
+    path = tmp_path / "hostile.jsonl"
+    path.write_bytes(b"\n".join([
+        good, b'{"prompt": "\xff\xfe", "response": "b"}', b"[1, 2]",
+        b'{"prompt": "a", "prompt": "c", "response": "b"}',
+        b'{"prompt": "\\ud800", "response": "b"}', good, b'{"prompt": "a", "resp']))
+    with caplog.at_level(logging.WARNING, logger="cadence.data.instruction"):
+        loader = instruction_dataloader(path, tok, max_seq_len=16, batch_size=2,
+                                        cache_dir=tmp_path / "cache")
+    (report,) = loader.dataset.reports
+    assert (report.records, report.used) == (7, 2)
+    assert report.bad == {"malformed": [1, 2, 3, 4, 6]}
+    assert "hostile.jsonl: 7 records, 2 used; 5 malformed" in caplog.records[0].getMessage()
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"empty\.jsonl.*is empty"):
+        instruction_dataloader(tmp_path / "empty.jsonl", tok, cache_dir=tmp_path / "cache")
+
+
+def test_a_huge_record_is_too_long_without_being_tokenized(tok, tmp_path, monkeypatch) -> None:
+    """A record far past ``max_seq_len`` is counted ``too_long`` from its length in
+    characters, before the tokenizer sees it."""
+    path = _write(tmp_path / "huge.jsonl", [{"prompt": "a", "response": "b"},
+                                            {"prompt": "word " * 200_000, "response": "x"}])
+    seen: list[int] = []
+    original = type(tok).__call__
+
+    def counting(self, text, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(len(text) if isinstance(text, str) else 0)
+        return original(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(type(tok), "__call__", counting)
+    loader = instruction_dataloader(path, tok, max_seq_len=16, cache_dir=tmp_path / "cache")
+    assert loader.dataset.reports[0].bad == {"too_long": [1]}
+    assert max(seen) < 1000
 
 
 def test_pack_records_best_fit_decreasing_places_every_record_once() -> None:

@@ -180,3 +180,26 @@ def test_the_lock_of_an_earlier_attempt_of_the_same_job_is_taken_over(
     path.write_text(json.dumps(record))
     with pytest.raises(lock_module.SaveFolderInUse, match="may be running on another host"):
         lock_module._acquire_without_locks(path, "run", "t2")
+
+
+def test_a_preempted_attempt_is_not_restarted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank that saved and exited with a preemption status (128 + signal) is not a
+    failure: the agent is left no restarts, so ``cadence launch`` exits with that status;
+    a real failure beside it still restarts."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    results: list[Any] = []
+    monkeypatch.setattr(LocalElasticAgent, "_monitor_workers",
+                        lambda agent, group: results.pop(0))
+    group = SimpleNamespace(spec=SimpleNamespace(max_restarts=2))
+    with AttemptRecorder(preemption_exit_codes={143}) as recorder:
+        agent = SimpleNamespace(_remaining_restarts=2)
+        results.append(SimpleNamespace(state=WorkerState.FAILED,
+                                       failures={0: failure(1, 5), 1: failure(143, 5)}))
+        LocalElasticAgent._monitor_workers(agent, group)
+        assert agent._remaining_restarts == 2 and not recorder.preempted  # a real failure
+        results.append(SimpleNamespace(state=WorkerState.FAILED, failures={1: failure(143, 9)}))
+        LocalElasticAgent._monitor_workers(agent, group)
+        assert agent._remaining_restarts == 0 and recorder.preempted
+    os.environ.pop("CADENCE_RESTART_REASON", None)

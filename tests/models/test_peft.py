@@ -140,9 +140,50 @@ def test_hf_pretrained_with_peft_records_the_base_directory(tmp_path: Path) -> N
     model = hf_pretrained(tmp_path / "base", init_device="meta", peft={
         "peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["c_attn"],
         "lora_dropout": 0.05, "fan_in_fan_out": True})
-    assert model.uses_peft and model.peft_base["over"] == "weight files"
+    assert model.uses_peft and model.peft_base["over"] == "tensors and config"
     assert model.peft_base["name_or_path"] == str(tmp_path / "base")
     assert not any(p.is_meta for p in model.parameters())
+
+
+def test_the_base_identity_is_what_the_loader_reads(tmp_path: Path) -> None:
+    """The identity covers the tensors the index points to (names, dtypes, shapes, bytes)
+    and config.json: re-sharding the same weights or a stray ``*.safetensors`` file keeps
+    it; a changed config value or tensor changes it, named; an index entry outside the
+    folder is refused."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from cadence.checkpoint.adapter_only import base_difference
+    from cadence.models.peft import base_identity
+    from cadence.parallel.hf_weights import WeightFileError
+
+    model = base_model(n_embd=32)
+    model.save_pretrained(tmp_path / "one")
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    assert len(list((tmp_path / "sharded").glob("*.safetensors"))) > 1
+    one = base_identity(model, str(tmp_path / "one"))
+    assert one["over"] == "tensors and config"
+    assert base_difference(one, base_identity(model, str(tmp_path / "sharded"))) is None
+    save_file({"stray": torch.zeros(2)}, tmp_path / "sharded" / "stray.safetensors")
+    assert base_difference(one, base_identity(model, str(tmp_path / "sharded"))) is None
+    shutil.copytree(tmp_path / "one", tmp_path / "eps")
+    config = json.loads((tmp_path / "eps" / "config.json").read_text())
+    config["layer_norm_epsilon"] = 10.0
+    (tmp_path / "eps" / "config.json").write_text(json.dumps(config))
+    assert "'layer_norm_epsilon' is 10.0" in base_difference(
+        one, base_identity(model, str(tmp_path / "eps")))
+    other = base_model(seed=3, n_embd=32)
+    other.save_pretrained(tmp_path / "other")
+    assert "tensor 'transformer." in str(base_difference(
+        one, base_identity(other, str(tmp_path / "other"))))
+    index_path = tmp_path / "sharded" / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    first = sorted(index["weight_map"])[0]
+    index["weight_map"][first] = str(tmp_path / "other" / "model.safetensors")
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(WeightFileError, match="outside the model folder"):
+        base_identity(model, str(tmp_path / "sharded"))
 
 
 def test_hf_pretrained_classifier_with_peft_trains_its_new_head(tmp_path: Path) -> None:
@@ -211,6 +252,22 @@ def test_resume_onto_another_base_is_refused(tmp_path: Path) -> None:
     message = str(err.value)
     assert saved in message and other.peft_base["crc32c"] in message
     assert "adapters trained on the base" in message
+
+
+def test_resume_with_another_adapter_config_is_refused(tmp_path: Path) -> None:
+    """The checkpoint records the adapter's peft config: a resume whose config differs
+    (``lora_alpha`` 8 -> 64: same shapes, another scale) is refused, naming the key and
+    both values."""
+    run(tmp_path, lora_model(seed=0), stop_at=2)
+    checkpoint = next(p for p in tmp_path.iterdir() if p.name.startswith("ep"))
+    base = base_model(0)
+    torch.manual_seed(1)
+    config = LoraConfig(r=4, lora_alpha=64, target_modules=["c_attn"], lora_dropout=0.1,
+                        fan_in_fan_out=True, task_type="CAUSAL_LM")
+    other = HuggingFaceModel(base, peft_config=config, should_save_peft_only=True)
+    with pytest.raises(CheckpointError, match=r"lora_alpha.*8.*64"):
+        Trainer(model=other, train_dataloader=DataLoader(Counting(), batch_size=4),
+                max_duration="4ba", load_path=str(checkpoint), progress_bar=False)
 
 
 def _two_ranks(folder: str) -> None:

@@ -101,6 +101,23 @@ def test_durations_follow_max_duration_units() -> None:
         LinearWithWarmupScheduler("10ba")(state_at(5, max_duration="1000tok"))
 
 
+def test_warmup_units_follow_composers_rule_between_t_warmup_and_t_max() -> None:
+    """Composer checks ``t_warmup`` against ``t_max`` (after conversion) only: a schedule
+    without ``t_max`` takes a warmup in any unit, whatever ``max_duration``'s unit is."""
+    samples = State(model=torch.nn.Linear(1, 1), max_duration="48sp", dataloader_len=12)
+    samples.timestamp = Timestamp(batch=1, sample=4)
+    multistep = MultiStepWithWarmupScheduler(milestones=["4ba"], t_warmup="2ba")
+    assert multistep(samples) == pytest.approx(0.5)  # batch 1 of a 2-batch warmup
+    samples.timestamp = Timestamp(batch=5, sample=20)
+    assert multistep(samples) == pytest.approx(0.1)  # past the milestone
+    # t_max in samples ('1dur' of 48sp), warmup in batches: Composer refuses this pair
+    with pytest.raises(ValueError, match="Cannot use warmup scheduler with t_max 48sp"):
+        LinearWithWarmupScheduler(t_warmup="2ba")(samples)
+    # both in samples: fine, whatever the unit of max_duration
+    assert LinearWithWarmupScheduler(t_warmup="8sp")(samples) == pytest.approx(
+        1.0 - (20 - 8) / 40)
+
+
 def test_zero_warmup_warns_as_composer() -> None:
     with pytest.warns(UserWarning, match="warmup duration is 0"):
         assert CosineAnnealingWithWarmupScheduler("0ba")(state_at(0)) == pytest.approx(1.0)

@@ -89,6 +89,9 @@ class CountingOpen:
                     def get_shape(self) -> list[int]:
                         return part.get_shape()
 
+                    def get_dtype(self) -> str:
+                        return part.get_dtype()
+
                     def __getitem__(self, index: Any) -> torch.Tensor:
                         data = part[index]
                         counter.bytes += data.numel() * data.element_size()
@@ -216,6 +219,15 @@ def test_run_file_with_fsdp_streams_by_default(tmp_path: Path) -> None:
     assert build({}, {"fsdp": {}}).pretrained_path == str(folder)  # meta, streamed later
     assert build({}, {}).pretrained_path is None  # one process: loaded now
     assert build({"init_device": None}, {"fsdp": {}}).pretrained_path is None  # asked for
+    # the seed recipe's cpu_ram_efficient_loading: safetensors can be sliced, so every rank
+    # streams its slices (rank 0 holds no whole copy); .bin stays rank 0's, broadcast
+    rank0 = {"fsdp": {"cpu_ram_efficient_loading": True, "sync_module_states": True}}
+    assert build({}, rank0).pretrained_path == str(folder)
+    folder = tmp_path / "bin"  # transformers 5 writes safetensors only: a .bin by hand
+    tiny_gpt2().config.save_pretrained(folder)
+    torch.save({k: v for k, v in tiny_gpt2().state_dict().items() if k != "lm_head.weight"},
+               folder / "pytorch_model.bin")
+    assert build({}, rank0).pretrained_path is None  # rank 0 reads it now, then broadcasts
 
 
 # ----------------------------------------------------------------------------- two ranks

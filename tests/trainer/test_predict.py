@@ -83,3 +83,24 @@ def test_events_and_return_outputs_false() -> None:
     assert Event.PREDICT_BEFORE_FORWARD.is_before_event
     assert Event.PREDICT_AFTER_FORWARD.is_after_event
     assert Event.PREDICT_START.is_predict and not Event.PREDICT_START.is_eval
+
+
+def test_predict_timestamp_counts_each_batch_before_predict_batch_end(tmp_path: Any) -> None:
+    """Composer's prediction saver names files by ``state.predict_timestamp.batch`` at
+    ``PREDICT_BATCH_END``: 1 for the first batch; the timestamp starts again each call."""
+
+    class Saver(Callback):
+        def __init__(self) -> None:
+            self.seen: list[tuple[int, int]] = []
+
+        def predict_batch_end(self, state: State, logger: Any) -> None:
+            stamp = state.predict_timestamp
+            self.seen.append((int(stamp.batch), int(stamp.sample)))
+
+    saver = Saver()
+    trainer = Trainer(model=SimpleModel(), callbacks=[saver], progress_bar=False)
+    loader = make_dataloader(num_batches=2)
+    batch_size = len(next(iter(loader))[0])
+    assert trainer.predict(loader, return_outputs=False) == []
+    trainer.predict(loader, subset_num_batches=1)
+    assert saver.seen == [(1, batch_size), (2, 2 * batch_size), (1, batch_size)]

@@ -193,3 +193,76 @@ def test_num_loss_tokens_and_num_items_in_batch() -> None:
     no_labels = {k: v for k, v in batch.items() if k != "labels"}
     assert int(model.num_loss_tokens(no_labels)) == 0
     copy.deepcopy(model)  # the wrapper stays copyable
+
+
+class _Masked(Dataset):
+    """:class:`PaddedSequences` repeated; the samples in ``masked`` have every label -100."""
+
+    def __init__(self, copies: int, masked: set[int]) -> None:
+        base = PaddedSequences().items
+        self.items = []
+        for index in range(copies * len(base)):
+            item = dict(base[index % len(base)])
+            if index in masked:
+                item["labels"] = torch.full_like(item["labels"], -100)
+            self.items.append(item)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.items[index]
+
+
+class _ParamsAt(Callback):
+    def __init__(self) -> None:
+        self.params: dict[int, torch.Tensor] = {}
+
+    def batch_end(self, state: State, logger: Any) -> None:
+        flat = torch.cat([p.detach().reshape(-1) for p in state.model.parameters()])
+        self.params[int(state.timestamp.batch)] = flat.clone()
+
+
+def test_a_batch_without_loss_tokens_is_not_a_step(caplog: pytest.LogCaptureFixture) -> None:
+    """With ``accumulate_train_batch_on_tokens``, a batch whose labels are all -100 moves no
+    weight (no AdamW step, no weight decay), logs no loss, and is counted in a warning."""
+    data = _Masked(copies=3, masked={4, 5, 6, 7})  # batch 2 of 3 has no loss token
+    model = tiny_lm()
+    memory, params = InMemoryLogger(), _ParamsAt()
+    trainer = Trainer(model=model, train_dataloader=DataLoader(data, batch_size=4),
+                      max_duration="3ba", accumulate_train_batch_on_tokens=True,
+                      optimizers=torch.optim.AdamW(model.parameters(), lr=1e-2,
+                                                   weight_decay=0.1),
+                      loggers=[memory], callbacks=[params], log_interval="1ba",
+                      progress_bar=False, seed=0, device="cpu")
+    with caplog.at_level(logging.WARNING, logger="cadence.trainer.trainer"):
+        trainer.fit()
+    trainer.close()
+    assert torch.equal(params.params[2], params.params[1])
+    assert not torch.equal(params.params[3], params.params[2])
+    steps, values = memory.steps_and_values("loss/train/total")
+    assert steps == [1, 3] and all(v == v and v > 0 for v in values)
+    assert any("no loss token" in r.getMessage() and "1 batch" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_a_run_whose_first_batches_have_no_loss_tokens_is_refused() -> None:
+    data = _Masked(copies=12, masked=set(range(48)))
+    trainer = Trainer(model=tiny_lm(), train_dataloader=DataLoader(data, batch_size=4),
+                      max_duration="12ba", accumulate_train_batch_on_tokens=True,
+                      progress_bar=False, seed=0, device="cpu")
+    with pytest.raises(ValueError, match=r"first 10 batches.*no loss token.*-100"):
+        trainer.fit()
+    trainer.close()
+
+
+def test_by_samples_a_microbatch_without_loss_tokens_gives_no_nan() -> None:
+    data = _Masked(copies=1, masked={0, 1})  # the batch's first microbatch of 2 is all -100
+    memory = InMemoryLogger()
+    trainer = Trainer(model=tiny_lm(), train_dataloader=DataLoader(data, batch_size=4),
+                      max_duration="1ba", device_train_microbatch_size=2, loggers=[memory],
+                      progress_bar=False, seed=0, device="cpu")
+    trainer.fit()
+    trainer.close()
+    (value,) = memory.steps_and_values("loss/train/total")[1]
+    assert value == value and value > 0  # not nan

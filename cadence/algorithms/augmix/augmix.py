@@ -160,13 +160,13 @@ class AugMix(Algorithm):
         self._transformed_datasets: weakref.WeakSet = weakref.WeakSet()
 
     def match(self, event: Event, state: State) -> bool:
-        from cadence.algorithms.colout import train_dataset
+        from cadence.algorithms.colout.colout import train_dataset
 
         return event == Event.FIT_START and \
             train_dataset(state, self) not in self._transformed_datasets
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
-        from cadence.algorithms.colout import train_dataset
+        from cadence.algorithms.colout.colout import train_dataset
 
         dataset = train_dataset(state, self)
         transform = AugmentAndMixTransform(self.severity, self.depth, self.width, self.alpha,

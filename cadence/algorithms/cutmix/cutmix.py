@@ -10,7 +10,7 @@ arguments, defaults, box sampling and events, except:
   (Composer turns ``length`` into an area and then cuts a box of side
   ``sqrt(1 - length**2)`` of the image instead).
 - Losses are mixed at ``AFTER_LOSS`` and dense targets put back there, as in
-  :mod:`cadence.algorithms.mixup` (cadence releases the outputs after ``AFTER_LOSS``).
+  :mod:`cadence.algorithms.mixup.mixup` (cadence releases the outputs after ``AFTER_LOSS``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import torch
 
-from cadence.algorithms.mixup import (
+from cadence.algorithms.mixup.mixup import (
     PermutationMix,
     _check_alpha,
     _check_indices,

@@ -11,7 +11,7 @@ et al., "High-Performance Large-Scale Image Recognition Without Normalization", 
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Iterable, Union
+from typing import Any, Iterable, Sequence, Union
 
 import torch
 from torch import nn
@@ -72,7 +72,8 @@ def apply_gradient_clipping(
     Args:
         model: a module (Composer's form), or an iterable of parameters; parameters
             without a gradient are skipped.
-        clipping_type: ``"norm"``, ``"value"`` or ``"adaptive"``.
+        clipping_type: ``"norm"``, ``"value"`` or ``"adaptive"`` (or a one-element tuple
+            or list of one).
         clipping_threshold: the max total L2 norm (``norm``), the max absolute value
             (``value``), or the max ratio of a unit's gradient norm to its weight norm
             (``adaptive``; Brock et al. use 0.01 for large batches); > 0.
@@ -102,7 +103,11 @@ def apply_gradient_clipping(
     return None
 
 
-def _parse_type(clipping_type: str) -> ClippingType:
+def _parse_type(clipping_type: Union[str, Sequence[str]]) -> ClippingType:
+    """``clipping_type`` as a :class:`ClippingType`; a one-element tuple or list is its
+    element (Composer's own tests pass ``('norm',)``)."""
+    if isinstance(clipping_type, (tuple, list)) and len(clipping_type) == 1:
+        clipping_type = clipping_type[0]
     try:
         return ClippingType(clipping_type)
     except ValueError:
@@ -119,7 +124,8 @@ class GradientClipping(Algorithm):
     unit, so each rank clips its own.
 
     Args:
-        clipping_type: ``"norm"`` (default), ``"value"`` or ``"adaptive"`` (AGC).
+        clipping_type: ``"norm"`` (default), ``"value"`` or ``"adaptive"`` (AGC); a
+            one-element tuple or list of one is taken as its element.
         clipping_threshold: max total L2 norm, max absolute entry, or max ratio of a
             unit's gradient norm to its weight norm (adaptive); default 1.0.
 

@@ -1,15 +1,15 @@
 """Factorize: ``Conv2d`` and ``Linear`` layers replaced by low-rank pairs.
 
 Each wide enough layer whose factorization lowers its multiply-adds becomes a
-:class:`~cadence.algorithms.factorize_modules.FactorizedConv2d` (``k x k`` conv to few
+:class:`~cadence.algorithms.factorize.factorize_modules.FactorizedConv2d` (``k x k`` conv to few
 channels, then ``1 x 1`` conv) or
-:class:`~cadence.algorithms.factorize_modules.FactorizedLinear` (two thin matrices),
+:class:`~cadence.algorithms.factorize.factorize_modules.FactorizedLinear` (two thin matrices),
 initialized with the best low-rank approximation of the layer's weight.
 
 Source: MosaicML Composer's ``Factorize`` / ``apply_factorization``
 (``composer/algorithms/factorize/factorize.py``): same names, arguments, defaults (which
 differ between the two, as there), ``Event.INIT`` and logged keys; the solvers and modules
-are in :mod:`cadence.algorithms.factorize_modules`. The method: low-rank approximation of
+are in :mod:`cadence.algorithms.factorize.factorize_modules`. The method: low-rank approximation of
 layers (Denton et al., "Exploiting Linear Structure Within Convolutional Networks for
 Efficient Evaluation", NeurIPS 2014, https://arxiv.org/abs/1404.0736; Zhang et al. 2016,
 https://arxiv.org/abs/1505.06798).
@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from cadence.algorithms.factorize_modules import (
+from cadence.algorithms.factorize.factorize_modules import (
     FactorizedConv2d,
     FactorizedLinear,
     LowRankSolution,

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cadence.algorithms.low_precision_layernorm import _cast_if_autocast_enabled, is_low_precision
+from cadence.algorithms.low_precision_layernorm.low_precision_layernorm import _cast_if_autocast_enabled, is_low_precision
 from cadence.algorithms.surgery import ApplyAtSurgery
 from cadence.algorithms.warnings import NoEffectWarning
 from cadence.registry import algorithms

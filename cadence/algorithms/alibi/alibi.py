@@ -5,7 +5,7 @@ Source: Press, Smith and Lewis, "Train Short, Test Long: Attention with Linear B
 Enables Input Length Extrapolation", ICLR 2022 (https://arxiv.org/abs/2108.12409); the API
 of Composer's ``Alibi`` / ``apply_alibi`` (``composer/algorithms/alibi/alibi.py``): same
 names, arguments, defaults and events. The bias and the per-model surgery are in
-:mod:`cadence.algorithms.alibi_attention`.
+:mod:`cadence.algorithms.alibi.attention_surgery_functions.utils`.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import Any, Mapping, MutableMapping, Sequence, Union
 import torch
 from torch import nn
 
-from cadence.algorithms.alibi_attention import (
+from cadence.algorithms.alibi.attention_surgery_functions.utils import (
     AlibiPolicy,
     ZeroPositionEmbedding,
     resize_positions_buffer,
     policy_registry,
 )
-from cadence.algorithms.seq_length_warmup import set_batch_sequence_length
+from cadence.algorithms.seq_length_warmup.seq_length_warmup import set_batch_sequence_length
 from cadence.algorithms.warnings import NoEffectWarning
 from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State
@@ -85,12 +85,12 @@ def apply_alibi(
 
     Every self-attention module of a supported family (Hugging Face ``GPT2Attention``,
     ``BertSelfAttention``, ``RobertaSelfAttention``;
-    :data:`~cadence.algorithms.alibi_attention.policy_registry`) is
+    :data:`~cadence.algorithms.alibi.attention_surgery_functions.utils.policy_registry`) is
     replaced by its ALiBi form, which shares its parameters and adds ``-m_h * (i - j)``
     (causal) or ``-m_h * |i - j|`` (BERT) to head ``h``'s logits, with slopes
     ``m_h = 2 ** (-8 h / H)``. The position embedding (GPT-2's ``wpe``, BERT's
     ``position_embeddings``) becomes a zero, frozen ``[max_sequence_length, d_model]`` one
-    (:class:`~cadence.algorithms.alibi_attention.ZeroPositionEmbedding`), and BERT's
+    (:class:`~cadence.algorithms.alibi.attention_surgery_functions.utils.ZeroPositionEmbedding`), and BERT's
     ``position_ids`` / ``token_type_ids`` buffers are resized to ``max_sequence_length``, as
     is the model config's ``max_position_embeddings``. Applying it again changes nothing
     (or only the length).
@@ -125,7 +125,7 @@ def apply_alibi(
         raise TypeError(
             f"apply_alibi: {_model_name(model)} has no ALiBi policy: none of its modules is a "
             f"supported attention class ({supported}). Add an AlibiPolicy for it to "
-            f"cadence.algorithms.alibi_attention.policy_registry, or drop Alibi.")
+            f"cadence.algorithms.alibi.attention_surgery_functions.utils.policy_registry, or drop Alibi.")
     replaced = module_surgery.replace_module_classes(
         model, {p.attention: p.convert for p in policies}, optimizers)
     embeddings = _swap_position_embeddings(model, policies, max_sequence_length, optimizers)
@@ -157,7 +157,7 @@ class Alibi(Algorithm):
     - ``AFTER_DATALOADER``: with ``train_sequence_length_scaling = s < 1``, each training
       batch tensor ``[B, L]`` becomes ``[(B L) // int(s L), int(s L)]``: the same tokens in
       more, shorter rows (Composer's reshape, done by
-      :func:`~cadence.algorithms.seq_length_warmup.set_batch_sequence_length` with
+      :func:`~cadence.algorithms.seq_length_warmup.seq_length_warmup.set_batch_sequence_length` with
       ``truncate=False``; the last ``B L mod int(s L)`` tokens are dropped, none when
       ``int(s L)`` divides ``L``). Every value of the (dict) batch must be shaped like
       ``input_ids`` and unpadded; a non-dict batch is left as it is, with a warning.
