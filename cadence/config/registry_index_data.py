@@ -201,6 +201,8 @@ INDEX = {
             {'name': 'output_names', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a Sequence or null', 'null': True}},
         ]},
         'free_outputs': {'target': 'cadence.callbacks.free_outputs.FreeOutputs', 'params': [
+            {'name': 'args', 'kind': 'VAR_POSITIONAL', 'required': True},
+            {'name': 'kwargs', 'kind': 'VAR_KEYWORD', 'required': True},
         ]},
         'generate': {'target': 'cadence.callbacks.generate.Generate', 'params': [
             {'name': 'prompts', 'kind': 'POSITIONAL_OR_KEYWORD', 'required': True, 'type': {'describe': 'a Sequence'}},
@@ -224,6 +226,8 @@ INDEX = {
             {'name': 'event', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or one of init, before_load, after_load, fit_start, epoch_start, before_dataloader, after_dataloader, batch_start, before_train_batch, before_forward, after_forward, before_loss, after_loss, before_backward, after_backward, after_train_batch, batch_end, batch_checkpoint, epoch_end, epoch_checkpoint, fit_end, eval_before_all, eval_start, eval_batch_start, eval_before_forward, eval_after_forward, eval_batch_end, eval_end, eval_after_all, eval_standalone_start, eval_standalone_end, predict_start, predict_batch_start, predict_before_forward, predict_after_forward, predict_batch_end, predict_end', 'members': [{'type': 'str'}, {'accept': ['init', 'before_load', 'after_load', 'fit_start', 'epoch_start', 'before_dataloader', 'after_dataloader', 'batch_start', 'before_train_batch', 'before_forward', 'after_forward', 'before_loss', 'after_loss', 'before_backward', 'after_backward', 'after_train_batch', 'batch_end', 'batch_checkpoint', 'epoch_end', 'epoch_checkpoint', 'fit_end', 'eval_before_all', 'eval_start', 'eval_batch_start', 'eval_before_forward', 'eval_after_forward', 'eval_batch_end', 'eval_end', 'eval_after_all', 'eval_standalone_start', 'eval_standalone_end', 'predict_start', 'predict_batch_start', 'predict_before_forward', 'predict_after_forward', 'predict_batch_end', 'predict_end', 'INIT', 'BEFORE_LOAD', 'AFTER_LOAD', 'FIT_START', 'EPOCH_START', 'BEFORE_DATALOADER', 'AFTER_DATALOADER', 'BATCH_START', 'BEFORE_TRAIN_BATCH', 'BEFORE_FORWARD', 'AFTER_FORWARD', 'BEFORE_LOSS', 'AFTER_LOSS', 'BEFORE_BACKWARD', 'AFTER_BACKWARD', 'AFTER_TRAIN_BATCH', 'BATCH_END', 'BATCH_CHECKPOINT', 'EPOCH_END', 'EPOCH_CHECKPOINT', 'FIT_END', 'EVAL_BEFORE_ALL', 'EVAL_START', 'EVAL_BATCH_START', 'EVAL_BEFORE_FORWARD', 'EVAL_AFTER_FORWARD', 'EVAL_BATCH_END', 'EVAL_END', 'EVAL_AFTER_ALL', 'EVAL_STANDALONE_START', 'EVAL_STANDALONE_END', 'PREDICT_START', 'PREDICT_BATCH_START', 'PREDICT_BEFORE_FORWARD', 'PREDICT_AFTER_FORWARD', 'PREDICT_BATCH_END', 'PREDICT_END']}]}},
         ]},
         'lr_monitor': {'target': 'cadence.callbacks.lr_monitor.LRMonitor', 'params': [
+            {'name': 'args', 'kind': 'VAR_POSITIONAL', 'required': True},
+            {'name': 'kwargs', 'kind': 'VAR_KEYWORD', 'required': True},
         ]},
         'memory_monitor': {'target': 'cadence.callbacks.memory_monitor.MemoryMonitor', 'params': [
             {'name': 'memory_keys', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a mapping or null', 'null': True}},
@@ -411,7 +415,7 @@ INDEX = {
             {'name': 'tracking_uri', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or null', 'null': True, 'members': [{'type': 'str'}]}},
             {'name': 'rank_zero_only', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
             {'name': 'flush_interval', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a float', 'members': [{'type': 'float'}]}},
-            {'name': 'model_registry_prefix', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str', 'members': [{'type': 'str'}]}},
+            {'name': 'model_registry_prefix', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str', 'time': True, 'members': [{'type': 'str'}]}},
             {'name': 'model_registry_uri', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a str or null', 'null': True, 'members': [{'type': 'str'}]}},
             {'name': 'synchronous', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
             {'name': 'log_system_metrics', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'a bool', 'members': [{'type': 'bool'}]}},
