@@ -256,8 +256,9 @@ def _launch(args: argparse.Namespace) -> int:
     from cadence.trainer.preemption import parse_signals
 
     # a rank that saved and exited 128 + a preemption signal is not a failure: no restart
-    recorder = AttemptRecorder(128 + int(sig) for sig in
-                               parse_signals(getattr(cfg, "preemption_signals", ())))
+    recorder = AttemptRecorder((128 + int(sig) for sig in
+                                parse_signals(getattr(cfg, "preemption_signals", ()))),
+                               before_monitor=watcher.check)
     try:
         with recorder:
             run(torchrun_args)

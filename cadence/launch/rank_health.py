@@ -187,6 +187,7 @@ class RankWatcher(threading.Thread):
         self._done: set[int] = set()
         self._ended = False  # a worker has ended: later signals may be torchrun's shutdown
         self._failed = False
+        self._lock = threading.Lock()  # the thread's polls and check() from torchrun's monitor
 
     def stop(self) -> None:
         """End the watch (returns once the thread has stopped)."""
@@ -198,12 +199,22 @@ class RankWatcher(threading.Thread):
         if not _IS_LINUX:
             return
         while not self._halt.is_set():
+            self.check()
+            self._halt.wait(self._interval)
+
+    def check(self) -> None:
+        """Look at the workers now (what each poll does). torchrun's monitor calls it before
+        it reaps the workers (:class:`~cadence.launch.restarts.AttemptRecorder`'s
+        ``before_monitor``), so a rank killed by a signal is named even when this thread was
+        not scheduled in time on a busy machine: after the reap its status is gone."""
+        if not _IS_LINUX:
+            return
+        with self._lock:
             try:
                 self._discover()
                 self._poll()
             except Exception:  # noqa: BLE001 - a watcher must never take the launch down
                 pass
-            self._halt.wait(self._interval)
 
     def _say(self, text: str) -> None:
         out = self._out or sys.stderr

@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Iterable, Iterator, Mapping, TextIO
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TextIO
 
 __all__ = ["REASON_ENV", "AttemptRecorder", "announce_restart", "first_error"]
 
@@ -104,10 +104,16 @@ class AttemptRecorder:
             preemption signal (128 + signal, ``preemption_signals``). An attempt whose every
             failed rank exited with one of these is not a failure: the agent is left no
             restarts (so the launch exits with that status) and :attr:`preempted` is set.
+        before_monitor: called at the start of each of the agent's monitor calls, before it
+            reaps ended workers (the launcher's :meth:`RankWatcher.check
+            <cadence.launch.rank_health.RankWatcher.check>`, which must read a killed
+            worker's status before it is reaped).
     """
 
-    def __init__(self, preemption_exit_codes: Iterable[int] = ()) -> None:
+    def __init__(self, preemption_exit_codes: Iterable[int] = (),
+                 before_monitor: Optional[Callable[[], None]] = None) -> None:
         self.errors: list[str] = []
+        self.before_monitor = before_monitor
         self.preemption_exit_codes = frozenset(int(code) for code in preemption_exit_codes)
         self.preempted = False
         self._lock = threading.Lock()
@@ -134,6 +140,8 @@ class AttemptRecorder:
         recorder = self
 
         def monitor(agent: Any, worker_group: Any) -> Any:
+            if recorder.before_monitor is not None:
+                recorder.before_monitor()
             result = original(agent, worker_group)
             if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
                 failures = getattr(result, "failures", {}) or {}

@@ -203,3 +203,44 @@ def test_a_preempted_attempt_is_not_restarted(monkeypatch: pytest.MonkeyPatch) -
         LocalElasticAgent._monitor_workers(agent, group)
         assert agent._remaining_restarts == 0 and recorder.preempted
     os.environ.pop("CADENCE_RESTART_REASON", None)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+def test_a_killed_rank_is_named_before_torchruns_monitor_reaps_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watcher's thread may not be scheduled between a rank's death and torchrun's reap
+    on a busy machine (after the reap the status is gone): the recorder runs the watcher's
+    check before each of the agent's monitor calls, so the kill is still named. Here the
+    watcher's thread never runs; the fake monitor reaps as torchrun's does."""
+    import signal
+
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    from cadence.launch.rank_health import RankWatcher
+
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env={**os.environ, "RANK": "1", "TORCHELASTIC_RUN_ID": "test"})
+    try:
+        out = io.StringIO()
+        watcher = RankWatcher(out=out)  # not started: only the monitor hook looks
+        watcher.check()  # the worker is found
+        os.kill(worker.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{worker.pid}/stat").read_text().split(") ")[1][0] != "Z":
+            assert time.monotonic() < deadline, "the killed worker never became a zombie"
+            time.sleep(0.01)
+
+        def reap(agent: Any, group: Any) -> Any:  # what torchrun's poll does to the worker
+            worker.wait()
+            return SimpleNamespace(state=WorkerState.HEALTHY, failures={})
+
+        monkeypatch.setattr(LocalElasticAgent, "_monitor_workers", reap)
+        with AttemptRecorder(before_monitor=watcher.check):
+            LocalElasticAgent._monitor_workers(SimpleNamespace(_remaining_restarts=0),
+                                               SimpleNamespace(spec=SimpleNamespace(max_restarts=0)))
+        assert f"rank 1 (pid {worker.pid}) was killed by SIGKILL (9)" in out.getvalue()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
