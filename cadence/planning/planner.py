@@ -267,7 +267,8 @@ def _plan_once(cfg: TrainConfig, world_size: int, nnodes: int, device: Device,
     for rank in chosen:
         if not 0 <= rank < world_size:
             raise ValueError(f"--ranks: rank {rank} is not in 0..{world_size - 1}.")
-    simulated = [simulate_rank(spec, parallelism, world_size, rank, per_node)
+    simulated = [_in_child(lambda rank=rank: simulate_rank(spec, parallelism, world_size, rank,
+                                                           per_node))
                  for rank in chosen]
     fsdp = parallelism.fsdp
     flops = _flops_per_device(probe, batch, tokens, dims.tp)
@@ -291,6 +292,43 @@ def _plan_once(cfg: TrainConfig, world_size: int, nnodes: int, device: Device,
     return Plan(world_size=world_size, nnodes=nnodes, device=device, layout=dims.describe(),
                 ranks=simulated, estimate=estimate, memory_limit_bytes=limit,
                 fits=all(r.peak_bytes <= limit for r in simulated), notes=notes)
+
+
+def _in_child(simulate: Callable[[], Any]) -> Any:
+    """``simulate()`` in a forked child process, its result (or its error) sent back.
+
+    Each rank is simulated in a process of its own: torch keeps state from one fake process
+    group to the next (a ``DeviceMesh`` equal to the last one is handed the last one's
+    destroyed groups), so a second rank in the same process fails to resolve them.
+
+    Raises:
+        ValueError / RuntimeError: what the simulation raised (its message kept).
+    """
+    import os
+    import pickle
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: simulate, send, leave without cleanup handlers
+        os.close(read)
+        try:
+            payload = pickle.dumps(("ok", simulate()))
+        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
+            kind = "ValueError" if isinstance(exc, ValueError) else "RuntimeError"
+            payload = pickle.dumps((kind, f"{exc}"))
+        with os.fdopen(write, "wb") as pipe:
+            pipe.write(payload)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    if not data:
+        raise RuntimeError("cadence plan: the simulation of a rank died without a result.")
+    kind, value = pickle.loads(data)
+    if kind == "ok":
+        return value
+    raise (ValueError if kind == "ValueError" else RuntimeError)(value)
 
 
 def _check_cluster(world_size: int, nnodes: int, headroom: float) -> None:
