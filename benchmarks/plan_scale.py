@@ -1,6 +1,7 @@
 """How fast ``cadence plan`` is at scale: Llama-3.1-shaped 8B, 70B and 405B models planned
 on FSDP2 x TP = 8 meshes, printing the planning time and the host memory (peak RSS of the
-planning process and its forked rank simulations). Nothing is materialised: the models are
+planning process and its forked rank simulations) and the CPU seconds (wall seconds on a
+shared machine say more about the neighbours). Nothing is materialised: the models are
 built on the meta device and the step runs on fake tensors.
 
     python benchmarks/plan_scale.py [--shapes 8b,70b,405b] [--world-size 512]
@@ -39,21 +40,31 @@ def llama(shape: str):  # noqa: ANN201 - a HuggingFaceModel on the meta device
         return HuggingFaceModel(LlamaForCausalLM(config), use_logits=True)
 
 
-def plan_shape(shape: str, world_size: int, tp: int, gpu: str):  # noqa: ANN201
+def plan_shape(shape: str, world_size: int, tp: int, gpu: str, local_batch: int = 1,
+               memory_gib: float | None = None):  # noqa: ANN201
     from cadence.config.load import load_config
     from cadence.planning.devices import get_device
     from cadence.planning.planner import plan_config
 
-    run = {"max_duration": "1ba", "global_train_batch_size": world_size // tp,
+    run = {"max_duration": "1ba", "global_train_batch_size": local_batch * world_size // tp,
            "precision": "amp_bf16", "model": {"name": "gpt2"},
            "train_loader": {"name": "shakespeare"},
            "optimizer": {"name": "adamw", "lr": 1e-4},
            "parallelism_config": {"fsdp": {"activation_checkpointing": True},
-                                  "tp": {"tensor_parallel_degree": tp}}}
+                                  **({"tp": {"tensor_parallel_degree": tp}} if tp > 1
+                                     else {})}}
     cfg = load_config(run, world_size=world_size)
-    return plan_config(cfg, world_size=world_size, nnodes=world_size // 8,
-                       device=get_device(gpu), ranks=[0], seq_len=8192,
+    return plan_config(cfg, world_size=world_size, nnodes=max(world_size // 8, 1),
+                       device=get_device(gpu, memory_gib=memory_gib), ranks=[0], seq_len=8192,
                        build_model=lambda: llama(shape))
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and its waited-for children (the forked simulations):
+    the planning time on an idle machine, whatever else shares the cores."""
+    own, children = (resource.getrusage(resource.RUSAGE_SELF),
+                     resource.getrusage(resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def main() -> None:
@@ -62,19 +73,25 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=512)
     parser.add_argument("--tp", type=int, default=8)
     parser.add_argument("--gpu", default="h100-sxm")
+    parser.add_argument("--local-batch", type=int, default=1,
+                        help="samples per data-parallel rank (default 1)")
+    parser.add_argument("--memory-gib", type=float, default=None,
+                        help="device memory, GiB (default: the --gpu's)")
     args = parser.parse_args()
     from cadence.planning.report import format_bytes
 
-    print(f"{'shape':<6} {'ranks':>6} {'seconds':>8} {'host MiB':>9} {'peak/rank':>11} "
+    print(f"{'shape':<6} {'ranks':>6} {'seconds':>8} {'cpu s':>6} {'host MiB':>9} "
+          f"{'peak/rank':>11} "
           f"{'step s':>7} {'tok/s/dev':>9} {'MFU':>6}")
     for shape in args.shapes.split(","):
-        start = time.perf_counter()
-        plan = plan_shape(shape, args.world_size, args.tp, args.gpu)
-        seconds = time.perf_counter() - start
+        start, cpu_start = time.perf_counter(), _cpu_seconds()
+        plan = plan_shape(shape, args.world_size, args.tp, args.gpu, args.local_batch,
+                          args.memory_gib)
+        seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
         rss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                   resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
         e = plan.estimate
-        print(f"{shape:<6} {args.world_size:>6} {seconds:>8.1f} {rss:>9.0f} "
+        print(f"{shape:<6} {args.world_size:>6} {seconds:>8.1f} {cpu:>6.1f} {rss:>9.0f} "
               f"{format_bytes(plan.peak_bytes):>11} {e.step_seconds:>7.2f} "
               f"{e.tokens_per_second_per_device:>9,.0f} {e.mfu:>6.1%}", flush=True)
 

@@ -7,8 +7,8 @@ move nothing), builds the run's ``DeviceMesh`` (:class:`~cadence.parallel.parall
 ParallelDims`, as the Trainer does), builds the model on the meta device and applies
 :func:`cadence.parallel.plan.parallelize` to it: the same activation checkpointing, tensor
 parallelism and FSDP2 as training, with the same checks and messages. The shards are then
-allocated as fake tensors (``FakeTensorMode``: shapes and dtypes, no memory) and one warm-up
-step creates the optimizer state; the step measured after it (forward, loss, backward over
+allocated as fake tensors (``FakeTensorMode``: shapes and dtypes, no memory) and one
+optimizer step on zero gradients creates the optimizer state; the step measured after it (forward, loss, backward over
 the microbatches, optimizer step) runs under PyTorch's memory tracker
 (``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` for an FSDP2 model,
 ``mem_tracker.MemTracker`` otherwise) and a :class:`~cadence.planning.collectives.
@@ -42,7 +42,7 @@ from cadence.parallel.plan import ParallelPlan, parallelize
 from cadence.planning.collectives import Collective, CollectiveCounter, group_names
 
 __all__ = ["StepSpec", "RankMemory", "fake_process_group", "simulate_rank", "train_step",
-           "memory_breakdown"]
+           "memory_breakdown", "create_optimizer_state"]
 
 
 @dataclass
@@ -143,6 +143,19 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, microbatches:
                 optimizer.step()
 
 
+def create_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Give ``optimizer`` the state it has after its first step (Adam's moments, ...), as a
+    warm-up step would, without the step's forward and backward: zero gradients, one
+    ``optimizer.step()``, gradients set to ``None`` again (as the Trainer's next batch
+    starts). On fake tensors only the shapes matter."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.requires_grad:
+                param.grad = torch.zeros_like(param)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def memory_breakdown(tracker: Any) -> tuple[int, int, int]:
     """``(activations, temporaries, total)`` bytes at the tracker's peak (the one device a
     simulation uses)."""
@@ -229,8 +242,7 @@ def simulate_rank(spec: StepSpec, parallelism: ParallelismConfig, world_size: in
             optimizer = spec.build_optimizer(model)
             micro = [spec.build_batch(spec.microbatch_size)
                      for _ in range(min(spec.num_microbatches, 2))]
-            train_step(model, optimizer, micro[:1], spec.precision)  # the optimizer's state
-            optimizer.zero_grad(set_to_none=True)
+            create_optimizer_state(model, optimizer)
             tracker = tracker_for(model, optimizer)
             counter = CollectiveCounter(group_names(mesh))
             with counter:
