@@ -172,8 +172,16 @@ def plan_config(cfg: TrainConfig, *, world_size: int, nnodes: int = 1, device: D
     first = _plan_once(cfg, world_size, nnodes, device, ranks, seq_len, headroom, build_model)
     if first.fits or replan is None:
         return first
+    from cadence.parallel.config import ParallelismConfig
+    from cadence.parallel.parallel_dims import ParallelDims
+
     base_tps = first.estimate.tokens_per_second_per_device
-    for overrides in _remedy_overrides(cfg, world_size // nnodes):
+    dp_size = ParallelDims.from_config(cfg.parallelism_config or ParallelismConfig(),
+                                       world_size=world_size,
+                                       local_world_size=world_size // nnodes,
+                                       global_rank=0).dp_size
+    for overrides in _remedy_overrides(cfg, world_size // nnodes,
+                                       _per_device_batch(cfg, dp_size)):
         try:
             candidate = _plan_once(replan(overrides), world_size, nnodes, device, ranks,
                                    seq_len, headroom, build_model)
@@ -196,7 +204,8 @@ REMEDIES = ("activation checkpointing", "smaller microbatch", "FULL_SHARD", "CPU
             "larger tensor-parallel degree")
 
 
-def _remedy_overrides(cfg: TrainConfig, ranks_per_node: int) -> Iterator[list[str]]:
+def _remedy_overrides(cfg: TrainConfig, ranks_per_node: int,
+                      per_device_batch: int) -> Iterator[list[str]]:
     """The override lists :data:`REMEDIES` make for ``cfg``, cumulative."""
     parallelism = cfg.parallelism_config
     fsdp = parallelism.fsdp if parallelism is not None else None
@@ -206,14 +215,11 @@ def _remedy_overrides(cfg: TrainConfig, ranks_per_node: int) -> Iterator[list[st
         done.append(f"{key}.activation_checkpointing=true")
         yield list(done)
     micro = getattr(cfg, "device_train_microbatch_size", None)
-    size = micro if isinstance(micro, int) else None
-    if size is None:
-        size = _per_device_batch(cfg, parallelism, None)
-    while size is not None and size > 1:
+    size = min(micro, per_device_batch) if isinstance(micro, int) else per_device_batch
+    while size > 1:
         size //= 2
         yield [*done, f"device_train_microbatch_size={size}"]
-    if size is not None:
-        done.append(f"device_train_microbatch_size={max(size, 1)}")
+    done.append(f"device_train_microbatch_size={size}")
     if fsdp is None or fsdp.sharding_strategy != "FULL_SHARD":
         done.append(f"{key}.sharding_strategy=FULL_SHARD")
         yield list(done)
@@ -249,7 +255,7 @@ def _plan_once(cfg: TrainConfig, world_size: int, nnodes: int, device: Device,
         if getattr(dims, name, 1) > 1:
             raise ConfigError([ConfigProblem("parallelism_config", unsupported_parallelism(
                 {name: getattr(dims, name)}) or "")])
-    batch = _per_device_batch(cfg, parallelism, dims.dp_size)
+    batch = _per_device_batch(cfg, dims.dp_size)
     micro = getattr(cfg, "device_train_microbatch_size", None)
     micro = micro if isinstance(micro, int) else batch
     micro = min(micro, batch)
@@ -360,13 +366,9 @@ def _raw_refusal(config: str, overrides: Sequence[str]) -> Optional[str]:
     return unsupported_parallelism(keys)
 
 
-def _per_device_batch(cfg: TrainConfig, parallelism: Any, dp_size: Optional[int]) -> int:
+def _per_device_batch(cfg: TrainConfig, dp_size: int) -> int:
     from cadence.config.build import per_device_batch_size
-    from cadence.parallel.parallel_dims import ParallelDims
 
-    if dp_size is None:
-        dp_size = ParallelDims.from_config(parallelism, world_size=1, local_world_size=1,
-                                           global_rank=0).dp_size
     return per_device_batch_size(cfg.global_train_batch_size, dp_size)
 
 
