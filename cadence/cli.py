@@ -7,6 +7,7 @@
     cadence convert CHECKPOINT --to hf OUT_DIR     # model.safetensors + config (+ tokenizer)
     cadence convert CHECKPOINT --to full OUT.pt    # merge a sharded checkpoint into one file
     cadence plot RUN_DIR [RUN_DIR ...] [--metrics a,b] [-o plot.png]   # compare runs' metrics
+    cadence plan RUN.yaml [key=value ...] --world-size 64 --gpu h100-sxm   # will it fit?
 
 ``train`` loads the run file, applies the ``key=value`` overrides (dotted keys, YAML values,
 as in OmegaConf's dotlist), checks everything (see :func:`~cadence.config.load.load_config`),
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_launch(subparsers)
     _add_convert(subparsers)
     _add_plot(subparsers)
+    _add_plan(subparsers)
     return parser
 
 
@@ -324,6 +326,86 @@ def _add_plot(subparsers: argparse._SubParsersAction) -> None:
     plot.add_argument("--panel-height", type=int, default=300,
                       help="height of each metric's panel in pixels (300)")
     plot.set_defaults(func=_plot)
+
+
+def _add_plan(subparsers: argparse._SubParsersAction) -> None:
+    plan = subparsers.add_parser(
+        "plan",
+        help="will it fit? simulate the run on N fake ranks (no GPU needed)",
+        description="Apply the run's real parallelize plan as rank r of N on a fake process "
+                    "group, run one training step on fake tensors under PyTorch's memory "
+                    "tracker, and print each rank's memory, the collectives, an estimated "
+                    "step time and MFU, and, when it does not fit, the first change that does "
+                    "(cadence.planning).",
+        epilog="example: cadence plan yamls/gpt_fsdp.yaml --world-size 8 --gpu a100-80gb",
+    )
+    plan.add_argument("config", metavar="RUN.yaml", nargs="?", help="the run file")
+    plan.add_argument("overrides", nargs="*", metavar="key=value",
+                      help="overrides, as for `cadence train`")
+    plan.add_argument("--world-size", type=int, default=None, help="ranks in the job")
+    plan.add_argument("--nnodes", type=int, default=1, help="nodes (default 1)")
+    plan.add_argument("--gpu", default=None,
+                      help="device from the table (default h100-sxm; --list-gpus shows it)")
+    plan.add_argument("--peak-tflops", type=float, default=None,
+                      help="dense peak TFLOP/s at the run's precision (overrides --gpu's)")
+    plan.add_argument("--memory-gib", type=float, default=None, help="device memory, GiB")
+    plan.add_argument("--intra-node-gbps", type=float, default=None,
+                      help="per-GPU bandwidth inside a node, GB/s per direction")
+    plan.add_argument("--inter-node-gbps", type=float, default=None,
+                      help="per-GPU bandwidth across nodes, GB/s per direction")
+    plan.add_argument("--seq-len", type=int, default=None,
+                      help="tokens per sample (default: the train loader's seq_len)")
+    plan.add_argument("--ranks", default=None,
+                      help="comma-separated ranks to simulate (default: the first and last)")
+    plan.add_argument("--no-remedies", action="store_true",
+                      help="do not look for a layout that fits")
+    plan.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    plan.add_argument("--list-gpus", action="store_true", help="print the device table")
+    plan.set_defaults(func=_plan)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    # cadence.planning imports torch only when a plan runs; it never initialises CUDA
+    from cadence.config.load import ConfigError
+
+    if args.list_gpus:
+        from cadence.planning.report import format_devices
+
+        print(format_devices())
+        return 0
+    if args.config is None or args.world_size is None:
+        print("cadence plan: give RUN.yaml and --world-size N (or --list-gpus).",
+              file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    from cadence.planning.devices import get_device
+    from cadence.planning.planner import plan_run
+
+    try:
+        device = get_device(args.gpu, peak_tflops=args.peak_tflops,
+                            memory_gib=args.memory_gib, intra_node_gbps=args.intra_node_gbps,
+                            inter_node_gbps=args.inter_node_gbps)
+        ranks = ([int(r) for r in args.ranks.split(",") if r.strip()]
+                 if args.ranks else None)
+        import contextlib
+
+        # the plan's own prints (fsdp/tp verbose) go to stderr under --json
+        with (contextlib.redirect_stdout(sys.stderr) if args.json
+              else contextlib.nullcontext()):
+            result = plan_run(args.config, args.overrides, world_size=args.world_size,
+                              nnodes=args.nnodes, device=device, ranks=ranks,
+                              seq_len=args.seq_len, remedies=not args.no_remedies)
+    except (ConfigError, ValueError) as exc:
+        print(f"cadence plan: {exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    if args.json:
+        import json
+
+        print(json.dumps(result.to_dict(), indent=1))
+    else:
+        from cadence.planning.report import format_plan
+
+        print(format_plan(result))
+    return 0
 
 
 def _plot(args: argparse.Namespace) -> int:
