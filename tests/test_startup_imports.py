@@ -155,10 +155,13 @@ def test_registry_imports_every_module_that_registers(package: str) -> None:
     from pathlib import Path
 
     module = importlib.import_module(package)
-    registering = {
-        f"{package}.{path.stem}" for path in Path(module.__file__).parent.glob("*.py")
-        if ".register(" in path.read_text()
-    }
+    root = Path(module.__file__).parent
+
+    def name(path: Path) -> str:  # algorithms/<name>/<name>.py: Composer's module paths
+        parts = path.relative_to(root).with_suffix("").parts
+        return ".".join((package, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+    registering = {name(path) for path in root.rglob("*.py") if ".register(" in path.read_text()}
     assert registering and registering == set(module._REGISTERING_MODULES)
 
 
