@@ -633,46 +633,26 @@ def check_parallelism_config(
         _problem(problems, prefix, f"{raw!r} must be a dict like {{fsdp: {{...}}}} or null.")
         return ParallelismConfig(), problems
     result = ParallelismConfig()
+    sections = {  # key -> (its class, its parser, what a value looks like)
+        "fsdp": (FSDPConfig, lambda v, p: _parse_fsdp(v, p, problems), "a dict of FSDP settings"),
+        "tp": (TPConfig, lambda v, p: _parse_tp(v, p, problems, import_paths),
+               "a dict like {tensor_parallel_degree: 2}"),
+        "ep": (EPConfig, lambda v, p: EPConfig(**_ep_values(v, p, problems)),
+               "a dict like {expert_parallel_degree: 2}"),
+        "pp": (PPConfig, lambda v, p: _parse_pp(v, p, problems),
+               "a dict like {pipeline_parallel_degree: 2}"),
+    }
     for key, value in raw.items():
-        if key == "fsdp":
+        if key in sections:
             if value is None:
                 continue
-            if isinstance(value, FSDPConfig):
-                result.fsdp = value
+            cls, parse, example = sections[key]
+            if isinstance(value, cls):  # checked when it was built
+                setattr(result, key, value)
             elif isinstance(value, Mapping):
-                result.fsdp = _parse_fsdp(value, f"{prefix}.fsdp", problems)
+                setattr(result, key, parse(value, f"{prefix}.{key}"))
             else:
-                _problem(problems, f"{prefix}.fsdp", f"{value!r} must be a dict of FSDP settings.")
-        elif key == "tp":
-            if value is None:
-                continue
-            if isinstance(value, TPConfig):  # checked when it was built
-                result.tp = value
-            elif isinstance(value, Mapping):
-                result.tp = _parse_tp(value, f"{prefix}.tp", problems, import_paths)
-            else:
-                _problem(problems, f"{prefix}.tp", f"{value!r} must be a dict like "
-                                                   f"{{tensor_parallel_degree: 2}}.")
-        elif key == "ep":
-            if value is None:
-                continue
-            if isinstance(value, EPConfig):  # checked when it was built
-                result.ep = value
-            elif isinstance(value, Mapping):
-                result.ep = EPConfig(**_ep_values(value, f"{prefix}.ep", problems))
-            else:
-                _problem(problems, f"{prefix}.ep", f"{value!r} must be a dict like "
-                                                   f"{{expert_parallel_degree: 2}}.")
-        elif key == "pp":
-            if value is None:
-                continue
-            if isinstance(value, PPConfig):  # checked when it was built
-                result.pp = value
-            elif isinstance(value, Mapping):
-                result.pp = _parse_pp(value, f"{prefix}.pp", problems)
-            else:
-                _problem(problems, f"{prefix}.pp", f"{value!r} must be a dict like "
-                                                   f"{{pipeline_parallel_degree: 2}}.")
+                _problem(problems, f"{prefix}.{key}", f"{value!r} must be {example}.")
         elif key in ("tensor_parallel", "pipeline_parallel", "cp", "context_parallel"):
             _problem(problems, f"{prefix}.{key}", "not supported: cadence runs data parallelism "
                                                   "(fsdp), tensor parallelism (tp), expert "
@@ -680,7 +660,7 @@ def check_parallelism_config(
                                                   "(pp); context parallelism needs "
                                                   "CUDA ring attention.")
         else:
-            _problem(problems, f"{prefix}.{key}", f"unknown key."
-                                                  f"{did_you_mean(str(key), ['fsdp', 'tp', 'ep', 'pp'])} "
-                                                  f"Allowed: fsdp, tp, ep, pp.")
+            _problem(problems, f"{prefix}.{key}",
+                     f"unknown key.{did_you_mean(str(key), list(sections))} "
+                     f"Allowed: {', '.join(sections)}.")
     return result, problems
