@@ -103,44 +103,49 @@ def test_sigkill_while_a_background_write_is_in_flight_resumes_bit_exactly(
 
     markers = tmp_path / "markers"
     reference = launch(run_file(tmp_path, "reference", None))  # uninterrupted, synchronous
-    def async_run_file(kill: dict[str, Any]) -> Path:
-        config = run_file(tmp_path, "killed", {"marker_dir": str(markers), **kill})
-        config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()),
-                                          "save_async": True}))
-        return config
+    try:
+        def async_run_file(kill: dict[str, Any]) -> Path:
+            config = run_file(tmp_path, "killed", {"marker_dir": str(markers), **kill})
+            config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()),
+                                              "save_async": True}))
+            return config
 
-    # One kill point per launch: the loop runs ahead of the writer thread, so a launch that
-    # armed both could pass batch 8 (using up its marker) before batch 6's write is killed.
-    config = async_run_file({"during_save": [6]})
-    folder = tmp_path / "killed"
+        # One kill point per launch: the loop runs ahead of the writer thread, so a launch that
+        # armed both could pass batch 8 (using up its marker) before batch 6's write is killed.
+        config = async_run_file({"during_save": [6]})
+        folder = tmp_path / "killed"
 
-    # 1. killed in the writer thread: batch 4's checkpoint (the save of batch 6 waited for
-    # it) stays the latest; batch 6's temporary is never taken for a checkpoint
-    code, out = finish(launch(config))
-    assert code == -9, out[-3000:]
-    assert latest(folder) == ("ep0-ba4-rank0.pt", 4)
-    assert not (folder / "ep0-ba6-rank0.pt").exists()
-    assert [p.name.split(".tmp-")[0] for p in folder.glob("*.tmp-*")] == ["ep0-ba6-rank0.pt"]
+        # 1. killed in the writer thread: batch 4's checkpoint (the save of batch 6 waited for
+        # it) stays the latest; batch 6's temporary is never taken for a checkpoint
+        code, out = finish(launch(config))
+        assert code == -9, out[-3000:]
+        assert latest(folder) == ("ep0-ba4-rank0.pt", 4)
+        assert not (folder / "ep0-ba6-rank0.pt").exists()
+        assert [p.name.split(".tmp-")[0] for p in folder.glob("*.tmp-*")] == ["ep0-ba6-rank0.pt"]
 
-    # 2. killed after batch 8's rename, before its pointer moved
-    config = async_run_file({"before_pointer": [8]})
-    code, out = finish(launch(config))
-    assert code == -9, out[-3000:]
-    assert latest(folder) == ("ep0-ba6-rank0.pt", 6)
+        # 2. killed after batch 8's rename, before its pointer moved
+        config = async_run_file({"before_pointer": [8]})
+        code, out = finish(launch(config))
+        assert code == -9, out[-3000:]
+        assert latest(folder) == ("ep0-ba6-rank0.pt", 6)
 
-    # 3. the same command runs to the end
-    code, out = finish(launch(config))
-    assert code == 0, out[-3000:]
-    assert latest(folder) == (f"ep1-ba{TOTAL}-rank0.pt", TOTAL)
-    assert not list(folder.glob("*.tmp-*"))
-    assert sorted(p.name for p in markers.iterdir()) == ["before_pointer-ba8",
-                                                         "during_save-ba6"]
-    code, out = finish(reference)
-    assert code == 0, out[-3000:]
-    expected, got = loss_curve(tmp_path / "reference"), loss_curve(folder)
-    assert sorted(expected) == list(range(1, TOTAL + 1))
-    assert got == expected  # bit-identical, every step
-    assert (folder / LATEST).is_file()
+        # 3. the same command runs to the end
+        code, out = finish(launch(config))
+        assert code == 0, out[-3000:]
+        assert latest(folder) == (f"ep1-ba{TOTAL}-rank0.pt", TOTAL)
+        assert not list(folder.glob("*.tmp-*"))
+        assert sorted(p.name for p in markers.iterdir()) == ["before_pointer-ba8",
+                                                             "during_save-ba6"]
+        code, out = finish(reference)
+        assert code == 0, out[-3000:]
+        expected, got = loss_curve(tmp_path / "reference"), loss_curve(folder)
+        assert sorted(expected) == list(range(1, TOTAL + 1))
+        assert got == expected  # bit-identical, every step
+        assert (folder / LATEST).is_file()
+    finally:  # a failed step leaks no running reference process (nor its pipe)
+        if reference.returncode is None:  # not finished through finish()
+            reference.kill()
+            reference.communicate()
 
 
 @pytest.mark.parametrize("fmt", ["full", "sharded"])
