@@ -41,7 +41,7 @@ from cadence._version import __version__
 SUBPACKAGES = (
     "algorithms", "callbacks", "checkpoint", "config", "core", "data", "devices", "dist",
     "distributed", "functional", "launch", "loggers", "loss", "metrics", "models", "optim",
-    "parallel", "profiler", "registry", "trainer", "utils",
+    "parallel", "planning", "profiler", "registry", "trainer", "utils",
 )
 
 __all__ = [
