@@ -90,15 +90,21 @@ class KillAt(Callback):
         import cadence.callbacks.checkpoint_saver as saver_module
         import cadence.checkpoint.checkpoint as checkpoint_module
 
-        batch = int(state.timestamp.batch)
-        if batch in self.during_save and self._first_time("during_save", batch):
+        def wait_for_earlier_saves() -> None:
             # an earlier background save (save_async) must reach disk first: the saver waits
-            # for it before this batch's save anyway, and armed now its rename would be killed
+            # for it before this batch's save anyway, and armed now its rename (or, for
+            # before_pointer, its pointer move) would be killed instead of this batch's
             for callback in state.callbacks:
                 if isinstance(callback, saver_module.CheckpointSaver):
                     callback.wait()
+
+        batch = int(state.timestamp.batch)
+        if batch in self.during_save and self._first_time("during_save", batch):
+            wait_for_earlier_saves()
             checkpoint_module.os = _KillOnReplace()  # type: ignore[assignment]
         if batch in self.before_pointer and self._first_time("before_pointer", batch):
+            wait_for_earlier_saves()
+
             def write_latest(*args: Any, **kwargs: Any) -> None:
                 kill_now()
 
