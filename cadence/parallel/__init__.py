@@ -56,14 +56,17 @@ def is_fsdp(model: nn.Module) -> bool:
 
 
 def remap_optimizer_params(optimizer: torch.optim.Optimizer, old_names: dict[int, str],
-                           model: nn.Module) -> None:
+                           model: nn.Module, drop_absent: bool = False) -> None:
     """Point ``optimizer`` at ``model``'s current parameters (FSDP2 replaces each parameter
     with a sharded DTensor one), matching by name. ``old_names`` maps ``id(old param)`` to
-    its name, taken before sharding.
+    its name, taken before sharding. ``drop_absent``: a parameter that is no longer in
+    ``model`` is dropped from its group (a pipeline rank keeps its own stages' only) instead
+    of refused.
 
     Raises:
-        ValueError: the optimizer holds a parameter that is not in the model, or already has
-            state (it must not have stepped before the Trainer shards the model).
+        ValueError: the optimizer holds a parameter that was never in the model (or, without
+            ``drop_absent``, is not in it now), or already has state (it must not have
+            stepped before the Trainer shards the model).
     """
     if optimizer.state:
         raise ValueError("The optimizer has already stepped; create it before training starts.")
@@ -72,10 +75,11 @@ def remap_optimizer_params(optimizer: torch.optim.Optimizer, old_names: dict[int
         remapped = []
         for param in group["params"]:
             name = old_names.get(id(param))
-            if name is None or name not in current:
+            if name is None or (name not in current and not drop_absent):
                 raise ValueError(
                     "The optimizer holds a parameter that is not in the model; build it from "
                     "model.parameters() (or leave optimizers unset for AdamW)."
                 )
-            remapped.append(current[name])
+            if name in current:
+                remapped.append(current[name])
         group["params"] = remapped

@@ -39,7 +39,7 @@ from cadence.parallel.pipeline_split import PipelineSplit, split_model
 from cadence.parallel.plan import ParallelPlan, parallelize
 
 __all__ = ["Pipeline", "parallelize_pipeline", "stage_ids", "keep_local_modules",
-           "build_schedule", "restrict_optimizer"]
+           "build_schedule"]
 
 
 def stage_ids(pp_rank: int, pp: int, stages_per_rank: int, schedule: str) -> list[int]:
@@ -177,27 +177,3 @@ def build_schedule(pipeline: Pipeline, num_microbatches: int,
     cls = get_schedule_class(config.schedule)
     stages = pipeline.stages[0] if config.schedule in SINGLE_STAGE_SCHEDULES else pipeline.stages
     return cls(stages, n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=False)
-
-
-def restrict_optimizer(optimizer: torch.optim.Optimizer, old_names: dict[int, str],
-                       model: nn.Module) -> None:
-    """Point ``optimizer`` at the parameters ``model`` keeps on this rank (matched by name),
-    dropping those of the other ranks' stages.
-
-    Raises:
-        ValueError: the optimizer holds a parameter that was never in the model, or has
-            already stepped.
-    """
-    if optimizer.state:
-        raise ValueError("The optimizer has already stepped; create it before training starts.")
-    current = dict(model.named_parameters())
-    for group in optimizer.param_groups:
-        kept = []
-        for param in group["params"]:
-            name = old_names.get(id(param))
-            if name is None:
-                raise ValueError("The optimizer holds a parameter that is not in the model; build "
-                                 "it from model.parameters() (or leave optimizers unset).")
-            if name in current:
-                kept.append(current[name])
-        group["params"] = kept

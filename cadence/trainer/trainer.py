@@ -46,7 +46,7 @@ from cadence.registry.errors import did_you_mean
 from cadence.parallel import ParallelismConfig, ParallelPlan, parallelize, remap_optimizer_params
 from cadence.parallel.compile import CompileConfig
 from cadence.parallel.parallel_dims import ParallelDims
-from cadence.parallel.pipeline import parallelize_pipeline, restrict_optimizer
+from cadence.parallel.pipeline import parallelize_pipeline
 from cadence.trainer.pipeline_step import PipelineStep, check_pipeline_run, refuse
 from cadence.parallel.elastic import check_resume_layout
 from cadence.parallel.data import (
@@ -361,7 +361,7 @@ class Trainer:
             self._pipeline_parts = parallelize_pipeline(module, plan)
             state.model = self._module = self._pipeline_parts.model  # this rank's modules
             for optimizer in optimizers:  # this rank's stages' parameters only
-                restrict_optimizer(optimizer, names, self._module)
+                remap_optimizer_params(optimizer, names, self._module, drop_absent=True)
         else:
             state.model = parallelize(module, plan)
             self._module = unwrap_model(state.model)
