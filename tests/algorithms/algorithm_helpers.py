@@ -22,10 +22,11 @@ class CountingTokens(Dataset):
     """Counting sequences from random starts (the next token is the last plus one), so a
     tiny GPT learns; ``{"input_ids", "labels"}: [SEQ]`` int64."""
 
-    def __init__(self, num_samples: int = 32, seed: int = 1234) -> None:
+    def __init__(self, num_samples: int = 32, seed: int = 1234, seq_len: int = SEQ,
+                 vocab_size: int = VOCAB) -> None:
         gen = torch.Generator().manual_seed(seed)
-        starts = torch.randint(0, VOCAB, (num_samples, 1), generator=gen)
-        self.ids = (starts + torch.arange(SEQ)) % VOCAB
+        starts = torch.randint(0, vocab_size, (num_samples, 1), generator=gen)
+        self.ids = (starts + torch.arange(seq_len)) % vocab_size
 
     def __len__(self) -> int:
         return len(self.ids)

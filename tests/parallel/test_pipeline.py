@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 from cadence import Trainer, dist
 from cadence.loggers import InMemoryLogger
 from cadence.models.gpt import gpt2
+from tests.algorithms.algorithm_helpers import CountingTokens
 from tests.common.distributed import run_in_processes
 
 STEPS = 3
@@ -24,19 +25,10 @@ VOCAB = 64
 RTOL = 1e-5  # fp32: the same kernels, only the order of the microbatch sums differs
 
 
-class CountingTokens(Dataset):
-    """Counting sequences from random starts, ``{"input_ids", "labels"}: [SEQ]``."""
-
-    def __init__(self) -> None:
-        gen = torch.Generator().manual_seed(1234)
-        starts = torch.randint(0, VOCAB, (STEPS * GLOBAL_BATCH, 1), generator=gen)
-        self.ids = (starts + torch.arange(SEQ)) % VOCAB
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[index], "labels": self.ids[index]}
+def counting_tokens() -> Dataset:
+    """``STEPS * GLOBAL_BATCH`` counting sequences from random starts,
+    ``{"input_ids", "labels"}: [SEQ]``."""
+    return CountingTokens(STEPS * GLOBAL_BATCH, seq_len=SEQ, vocab_size=VOCAB)
 
 
 def tiny_gpt2(**kwargs: Any) -> Any:
@@ -64,7 +56,7 @@ def train_losses(parallelism_config: Optional[dict[str, Any]], data_parallel: in
     (``check_blocks``: the GPT-2 block indices this rank must hold; ``inspect``: called with
     the Trainer before it trains)."""
     model = build()
-    dataset = CountingTokens()
+    dataset = counting_tokens()
     loader = DataLoader(dataset, batch_size=GLOBAL_BATCH // data_parallel,
                         sampler=dist.get_sampler(dataset, shuffle=False))
     memory = InMemoryLogger()
@@ -168,7 +160,7 @@ def test_what_cannot_run_under_a_pipeline_is_refused_by_name(tmp_path: Path) -> 
     from cadence.algorithms import EMA, ChannelsLast
 
     pp = {"pp": {"pipeline_parallel_degree": 2}}
-    loader = DataLoader(CountingTokens(), batch_size=GLOBAL_BATCH)
+    loader = DataLoader(counting_tokens(), batch_size=GLOBAL_BATCH)
     folder = tmp_path / f"rank{dist.get_global_rank()}"
 
     def build(**kwargs: Any) -> Trainer:
@@ -207,7 +199,7 @@ def test_what_cannot_run_under_a_pipeline_is_refused_by_name(tmp_path: Path) -> 
 
 def _pipeline_run(**kwargs: Any) -> list[float]:
     model = tiny_gpt2()
-    dataset = CountingTokens()
+    dataset = counting_tokens()
     loader = DataLoader(dataset, batch_size=GLOBAL_BATCH,
                         sampler=dist.get_sampler(dataset, shuffle=False))
     memory = InMemoryLogger()
@@ -239,7 +231,7 @@ def test_a_pipeline_checkpoint_resumes_on_pp2_and_on_one_process(tmp_path: Path)
     step2 = sorted((tmp_path / "run").glob("*ba2*"))
     assert len(step2) == 1 and step2[0].is_dir()  # a DCP folder holding both stages
     model = tiny_gpt2()
-    loader = DataLoader(CountingTokens(), batch_size=GLOBAL_BATCH)
+    loader = DataLoader(counting_tokens(), batch_size=GLOBAL_BATCH)
     memory = InMemoryLogger()
     trainer = Trainer(model=model, train_dataloader=loader, max_duration=f"{STEPS}ba",
                       optimizers=torch.optim.AdamW(model.parameters(), lr=1e-2),
