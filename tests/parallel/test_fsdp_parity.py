@@ -7,13 +7,14 @@ from typing import Any, Optional
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from cadence import Callback, State, Trainer, dist
 from cadence.models.gpt import gpt2
 from cadence.loggers import InMemoryLogger
 from cadence.parallel.grad_norm import get_grad_norm
 from cadence.parallel.memory import local_state_bytes
+from tests.algorithms.algorithm_helpers import CountingTokens
 
 STEPS = 10
 GLOBAL_BATCH = 8
@@ -24,28 +25,12 @@ VOCAB = 64
 TOLERANCE = 2e-6  # measured: 4.8e-7 for every strategy (loss ~4, so a few ulps)
 
 
-class RandomTokens(Dataset):
-    """``STEPS * GLOBAL_BATCH`` counting sequences from random starts (learnable: the next
-    token is the last plus one), ``{"input_ids", "labels"}: [SEQ]``."""
-
-    def __init__(self) -> None:
-        gen = torch.Generator().manual_seed(1234)
-        starts = torch.randint(0, VOCAB, (STEPS * GLOBAL_BATCH, 1), generator=gen)
-        self.ids = (starts + torch.arange(SEQ)) % VOCAB
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[index], "labels": self.ids[index]}
-
-
 def train_losses(parallelism_config: Optional[dict[str, Any]]) -> tuple[list[float], Trainer]:
     """Train the tiny GPT for STEPS steps of GLOBAL_BATCH samples; the logged (all-ranks
     mean) loss of each step."""
     torch.manual_seed(0)
     model = gpt2(n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB, max_seq_len=SEQ)
-    dataset = RandomTokens()
+    dataset = CountingTokens(STEPS * GLOBAL_BATCH, seq_len=SEQ, vocab_size=VOCAB)
     world = dist.get_world_size()
     loader = DataLoader(dataset, batch_size=GLOBAL_BATCH // world,
                         sampler=dist.get_sampler(dataset, shuffle=False))
