@@ -25,7 +25,10 @@ from tests.parallel.test_pipeline import GLOBAL_BATCH, RTOL, SEQ, VOCAB, tiny_gp
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 4  # a checkpoint after step 2, two steps resumed
-LR = 1e-2
+# SGD with momentum: optimizer state to reshard, and updates linear in the gradients, so the
+# weights stay within 1e-5 of one process (AdamW's first steps are lr * sign(grad): a
+# near-zero gradient computed in another order moves a weight by up to 2 lr)
+LR, MOMENTUM = 0.1, 0.9
 
 
 def _loader(data_parallel: int) -> DataLoader:
@@ -46,7 +49,7 @@ LAYOUTS: dict[str, tuple[Optional[dict[str, Any]], int]] = {
 
 def train(layout: str, folder: Optional[str] = None, load_path: Optional[str] = None,
           build: Any = tiny_gpt2, **kwargs: Any) -> Trainer:
-    """STEPS AdamW steps of GLOBAL_BATCH samples on ``layout``; with ``folder``, a sharded
+    """STEPS SGD (momentum) steps of GLOBAL_BATCH samples on ``layout``; with ``folder``, a sharded
     checkpoint every 2 batches there and rank 0 writing the logged losses to
     ``folder/losses-<layout>.json``; the Trainer, closed."""
     config, data_parallel = LAYOUTS[layout]
@@ -56,7 +59,7 @@ def train(layout: str, folder: Optional[str] = None, load_path: Optional[str] = 
               "save_state_dict_type": "sharded"} if folder and not load_path else {}
     trainer = Trainer(model=model, train_dataloader=_loader(data_parallel),
                       max_duration=f"{STEPS}ba",
-                      optimizers=torch.optim.AdamW(model.parameters(), lr=LR),
+                      optimizers=torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
                       loggers=[memory], log_interval="1ba", progress_bar=False, seed=0,
                       parallelism_config=config, device="cpu", load_path=load_path,
                       **saving, **kwargs)
@@ -72,15 +75,46 @@ def train(layout: str, folder: Optional[str] = None, load_path: Optional[str] = 
 
 
 @pytest.fixture(scope="module")
-def reference() -> list[float]:
-    """The uninterrupted single-process loss curve (STEPS steps)."""
-    losses = train("one").losses  # type: ignore[attr-defined]
-    assert len(losses) == STEPS and losses[-1] < losses[0]
-    return losses
+def reference_run() -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The uninterrupted single-process run: its loss curve (STEPS steps) and the final
+    weights of its Hugging Face model (``GPT2LMHeadModel`` keys)."""
+    trainer = train("one")
+    losses = trainer.losses  # type: ignore[attr-defined]
+    weights = {k: v.detach().clone() for k, v in trainer.state.model.model.state_dict().items()}
+    initial = tiny_gpt2().model.state_dict()
+    assert len(losses) == STEPS and all(  # it trained: every weight moved
+        not torch.equal(weights[k], initial[k]) for k in weights if "attn.bias" not in k)
+    return losses, weights
 
 
-def _step2(folder: Path) -> Path:
-    found = sorted((folder / "run").glob("*ba2*"))
+@pytest.fixture(scope="module")
+def reference(reference_run: tuple[list[float], dict[str, torch.Tensor]]) -> list[float]:
+    return reference_run[0]
+
+
+def assert_hf_export_is_the_whole_model(checkpoint: Path, out: Path,
+                                        weights: dict[str, torch.Tensor]) -> None:
+    """``cadence convert CHECKPOINT --to hf OUT`` writes every weight of the whole model,
+    each within 1e-5 of ``weights``, and ``from_pretrained`` loads it."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from cadence.cli import main
+
+    assert main(["convert", str(checkpoint), "--to", "hf", str(out)]) == 0
+    exported = load_file(str(out / "model.safetensors"))
+    assert sorted(exported) == sorted(weights)  # every stage's keys, nothing else
+    for key, value in weights.items():
+        torch.testing.assert_close(exported[key], value, rtol=1e-5, atol=1e-5,
+                                   msg=lambda m, key=key: f"{key}: {m}")
+    loaded = AutoModelForCausalLM.from_pretrained(str(out)).state_dict()
+    for key, value in weights.items():
+        torch.testing.assert_close(loaded[key], value, rtol=1e-5, atol=1e-5,
+                                   msg=lambda m, key=key: f"{key}: {m}")
+
+
+def _step(folder: Path, batch: int = 2) -> Path:
+    found = sorted((folder / "run").glob(f"*ba{batch}*"))
     assert len(found) == 1 and found[0].is_dir(), found  # one DCP folder: every stage
     return found[0]
 
@@ -94,11 +128,14 @@ def _losses(folder: Path, name: str) -> list[float]:
 
 @pytest.mark.slow
 def test_a_pp2_fsdp2_checkpoint_resumes_on_fsdp4_on_pp2_and_on_one_process(
-        tmp_path: Path, reference: list[float]) -> None:
+        tmp_path: Path, reference_run: tuple[list[float], dict[str, torch.Tensor]]) -> None:
+    reference, weights = reference_run
     run_in_processes(4, __file__, "train", {"layout": "pp2_fsdp2", "folder": str(tmp_path)},
                      timeout=600)
     assert _losses(tmp_path, "pp2_fsdp2") == pytest.approx(reference, rel=RTOL)
-    step2 = str(_step2(tmp_path))
+    # the last checkpoint, exported: the whole model, as one process trained it
+    assert_hf_export_is_the_whole_model(_step(tmp_path, STEPS), tmp_path / "hf", weights)
+    step2 = str(_step(tmp_path))
     for layout, ranks in (("fsdp4", 4), ("pp2", 2)):
         run_in_processes(ranks, __file__, "train",
                          {"layout": layout, "folder": str(tmp_path), "load_path": step2},
@@ -107,3 +144,91 @@ def test_a_pp2_fsdp2_checkpoint_resumes_on_fsdp4_on_pp2_and_on_one_process(
             reference[2:], rel=RTOL), layout
     resumed = train("one", load_path=step2).losses  # type: ignore[attr-defined]
     assert resumed == pytest.approx(reference[2:], rel=RTOL)
+
+
+# ---------------------------------------------------------------- export
+
+
+def test_convert_to_hf_of_a_pp2_checkpoint_is_the_whole_model(
+        tmp_path: Path, reference_run: tuple[list[float], dict[str, torch.Tensor]]) -> None:
+    reference, weights = reference_run
+    run_in_processes(2, __file__, "train", {"layout": "pp2", "folder": str(tmp_path)},
+                     timeout=300)
+    assert _losses(tmp_path, "pp2") == pytest.approx(reference, rel=RTOL)
+    final = _step(tmp_path, STEPS)
+    assert_hf_export_is_the_whole_model(final, tmp_path / "hf", weights)
+    # and --to full merges both stages into one file that loads on one process
+    from cadence.checkpoint.export import load_full_state
+    from cadence.cli import main
+
+    assert main(["convert", str(final), "--to", "full", str(tmp_path / "full.pt")]) == 0
+    merged = load_full_state(tmp_path / "full.pt")["model"]
+    assert sorted(merged) == sorted(f"model.{k}" for k in weights)
+
+
+# ---------------------------------------------------------------- kill and autoresume
+
+
+KILL_STEPS = 8
+
+
+def _run_file(tmp_path: Path, name: str, kill_at: Optional[int]) -> Path:
+    """A 4-block GPT-2 (dropout on: the RNG must resume too) on PP=2, a sharded checkpoint
+    every 2 batches, the loss of each batch in ``<save_folder>/metrics.jsonl``."""
+    import yaml
+
+    config: dict[str, Any] = {
+        "run_name": "pp-killed", "seed": 17, "max_duration": f"{KILL_STEPS}ba",
+        "global_train_batch_size": 4, "log_interval": "1ba", "progress_bar": False,
+        "device": "cpu", "dist_timeout": 30,
+        "model": {"name": "gpt2", "n_layer": 4, "n_head": 2, "n_embd": 32, "vocab_size": 512,
+                  "max_seq_len": 32, "dropout": 0.1, "tie_word_embeddings": False},
+        "train_loader": {"name": "shakespeare", "split": "train", "seq_len": 32,
+                         "vocab_size": 512, "max_samples": 32},
+        "optimizer": {"name": "adamw", "lr": 3.0e-3},
+        "parallelism_config": {"pp": {"pipeline_parallel_degree": 2, "schedule": "1F1B",
+                                      "num_microbatches": 2}},
+        "loggers": {"file": {}},
+        "save_folder": str(tmp_path / name), "save_interval": "2ba", "autoresume": True,
+    }
+    if kill_at is not None:  # rank 1 (the last stage) SIGKILLed once, after batch 2's save
+        config["callbacks"] = {"tests.launch.test_restarts.KillRankAt": {
+            "marker_dir": str(tmp_path / "markers"), "rank": 1, "batches": [kill_at]}}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _launch(config: Path, max_restarts: int) -> tuple[int, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
+           "OMP_NUM_THREADS": "1", "CADENCE_CACHE_DIR": os.environ["CADENCE_CACHE_DIR"]}
+    proc = subprocess.run([sys.executable, "-m", "cadence", "launch", "-n", "2",
+                           "--max_restarts", str(max_restarts), str(config)],
+                          cwd=config.parent, env=env, capture_output=True, text=True,
+                          timeout=500)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _curve(folder: Path) -> dict[int, float]:
+    """The last logged training loss of each step (a restarted group logs some again)."""
+    curve: dict[int, float] = {}
+    for line in (folder / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "loss/train/total" in record:
+            curve[record["step"]] = record["loss/train/total"]
+    return curve
+
+
+@pytest.mark.slow  # two launches of torchrun and 2 ranks (about 2 minutes)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="torchrun's agent, /proc")
+def test_a_sigkilled_pp2_run_autoresumes_bit_exactly(tmp_path: Path) -> None:
+    rc, out = _launch(_run_file(tmp_path, "straight", None), 0)
+    assert rc == 0, out[-4000:]
+    straight = _curve(tmp_path / "straight")
+    assert sorted(straight) == list(range(1, KILL_STEPS + 1))
+    rc, out = _launch(_run_file(tmp_path, "killed", kill_at=3), 1)
+    assert rc == 0, out[-6000:]
+    assert (tmp_path / "markers" / "batch_end-ba3").exists()  # the kill happened
+    assert "was killed by SIGKILL" in out and "Resumed from checkpoint" in out, out[-6000:]
+    assert "ba2" in out.split("Resumed from checkpoint", 1)[1].splitlines()[0]
+    assert _curve(tmp_path / "killed") == straight  # bit for bit, every step
