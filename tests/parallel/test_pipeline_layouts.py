@@ -48,10 +48,11 @@ LAYOUTS: dict[str, tuple[Optional[dict[str, Any]], int]] = {
 
 
 def train(layout: str, folder: Optional[str] = None, load_path: Optional[str] = None,
-          build: Any = tiny_gpt2, **kwargs: Any) -> Trainer:
+          build: Any = tiny_gpt2, inspect: Any = None, **kwargs: Any) -> Trainer:
     """STEPS SGD (momentum) steps of GLOBAL_BATCH samples on ``layout``; with ``folder``, a sharded
     checkpoint every 2 batches there and rank 0 writing the logged losses to
-    ``folder/losses-<layout>.json``; the Trainer, closed."""
+    ``folder/losses-<layout>.json``; ``inspect`` called with the Trainer before it trains;
+    the Trainer, closed."""
     config, data_parallel = LAYOUTS[layout]
     model = build()
     memory = InMemoryLogger()
@@ -65,6 +66,8 @@ def train(layout: str, folder: Optional[str] = None, load_path: Optional[str] = 
                       **saving, **kwargs)
     if load_path is not None:
         assert int(trainer.state.timestamp.batch) == 2
+    if inspect is not None:
+        inspect(trainer)
     trainer.fit()
     trainer.close()
     trainer.losses = [float(v) for _, v in memory.data["loss/train/total"]]  # type: ignore
@@ -232,3 +235,88 @@ def test_a_sigkilled_pp2_run_autoresumes_bit_exactly(tmp_path: Path) -> None:
     assert "was killed by SIGKILL" in out and "Resumed from checkpoint" in out, out[-6000:]
     assert "ba2" in out.split("Resumed from checkpoint", 1)[1].splitlines()[0]
     assert _curve(tmp_path / "killed") == straight  # bit for bit, every step
+
+
+# ---------------------------------------------------------------- meta init under PP
+
+
+INIT_SEED = 0  # the Trainer's seed=0: its rank_zero_seed, the init seed of a meta model
+
+
+def _one_process_init() -> dict[str, torch.Tensor]:
+    """A meta GPT-2 initialised on one process with the Trainer's seed (the non-PP path)."""
+    from cadence.parallel.param_init import materialize_and_init
+
+    model = tiny_gpt2(init_device="meta")
+    materialize_and_init(model, "cpu", seed=INIT_SEED)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _meta_pipeline_run(folder: str) -> None:
+    """On each schedule (one stage per rank; two, in a V), a meta GPT-2 under PP=2: the rank
+    allocates its own stages' parameters only, its weights are the one-process init's
+    bit for bit, and the loss curve is a CPU-built PP=2 run's from those weights."""
+    import cadence.parallel.pipeline as pipeline_module
+
+    expected = _one_process_init()
+    for schedule in ("1F1B", "ZBVZeroBubble"):
+        pp = {"pipeline_parallel_degree": 2, "schedule": schedule, "num_microbatches": 4}
+        LAYOUTS["meta"] = ({"pp": pp}, 1)
+        materialised: list[str] = []
+        draws: list[int] = []
+        real_to_empty, real_init = torch.nn.Module.to_empty, pipeline_module.init_local_stages
+
+        def build() -> Any:
+            model = tiny_gpt2(init_device="meta")
+            names = {id(p): n for n, p in model.named_parameters()}
+
+            def to_empty(module: torch.nn.Module, *, device: Any, recurse: bool = True) -> Any:
+                materialised.extend(names.get(id(p), "?") for p in module.parameters())
+                return real_to_empty(module, device=device, recurse=recurse)
+
+            torch.nn.Module.to_empty = to_empty  # type: ignore[method-assign]
+            return model
+
+        def init_local_stages(*args: Any, **kwargs: Any) -> int:
+            draws.append(real_init(*args, **kwargs))
+            return draws[-1]
+
+        pipeline_module.init_local_stages = init_local_stages  # type: ignore[assignment]
+        weights: dict[str, torch.Tensor] = {}
+
+        def inspect(trainer: Trainer) -> None:
+            torch.nn.Module.to_empty = real_to_empty  # type: ignore[method-assign]
+            weights.update({k: v.detach().clone()
+                            for k, v in trainer.state.model.state_dict().items()})
+
+        try:
+            losses = train("meta", build=build, inspect=inspect).losses  # type: ignore
+        finally:
+            torch.nn.Module.to_empty = real_to_empty  # type: ignore[method-assign]
+            pipeline_module.init_local_stages = real_init  # type: ignore[assignment]
+        # only this rank's stages were ever allocated, and they are all it holds
+        own = sorted(weights)
+        assert sorted(materialised) == own, (materialised, own)
+        rank = dist.get_global_rank()
+        blocks = {str(rank), str(3 - rank)} if schedule == "ZBVZeroBubble" else \
+            {str(2 * rank), str(2 * rank + 1)}
+        assert {k.split(".")[3] for k in own if k.startswith("model.transformer.h.")} == blocks
+        assert draws and draws[0] > 0  # the other stages' fills drew past, on scratch
+        # the one-process init's weights, bit for bit
+        different = [k for k in own if not torch.equal(weights[k], expected[k])]
+        assert not different, (schedule, different)
+
+        def from_expected() -> Any:  # a CPU model holding the same weights
+            model = tiny_gpt2()
+            model.load_state_dict(expected)
+            return model
+
+        LAYOUTS["cpu"] = ({"pp": pp}, 1)
+        assert losses == pytest.approx(train("cpu", build=from_expected).losses,  # type: ignore
+                                       rel=RTOL), schedule
+
+
+def test_a_meta_model_under_pp2_allocates_its_own_stages_and_trains_as_on_the_cpu(
+        tmp_path: Path) -> None:
+    run_in_processes(2, __file__, "_meta_pipeline_run", {"folder": str(tmp_path)},
+                     timeout=400)
