@@ -320,3 +320,37 @@ def test_a_meta_model_under_pp2_allocates_its_own_stages_and_trains_as_on_the_cp
         tmp_path: Path) -> None:
     run_in_processes(2, __file__, "_meta_pipeline_run", {"folder": str(tmp_path)},
                      timeout=400)
+
+
+# ---------------------------------------------------------------- PP x FSDP2 x TP
+
+
+LAYOUTS["pp2_fsdp2_tp2"] = ({"pp": {"pipeline_parallel_degree": 2, "num_microbatches": 2},
+                             "fsdp": {}, "tp": {"tensor_parallel_degree": 2}}, 2)
+
+
+def _three_d_run(folder: str) -> None:
+    """PP=2 x FSDP2=2 x TP=2 on 8 ranks: every parameter a DTensor on the stage's 2-D
+    ``(dp_shard, tp)`` mesh, block weights sharded over ``tp``; rank 0 writes the losses,
+    sharded checkpoints go to ``folder/run``."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    def check(trainer: Trainer) -> None:
+        params = dict(trainer.state.model.named_parameters())
+        assert params and all(isinstance(p, DTensor) for p in params.values())
+        assert {p.device_mesh.mesh_dim_names for p in params.values()} == {("dp_shard", "tp")}
+        c_fc = [p for n, p in params.items() if n.endswith("mlp.c_fc.weight")]
+        assert len(c_fc) == 2  # this stage's two blocks, their MLP split column-wise on tp
+        assert all(isinstance(p.placements[1], Shard) for p in c_fc), c_fc[0].placements
+
+    train("pp2_fsdp2_tp2", folder=folder, inspect=check)
+
+
+@pytest.mark.slow
+def test_pp2_fsdp2_tp2_on_eight_ranks_gives_the_single_process_losses(
+        tmp_path: Path, reference_run: tuple[list[float], dict[str, torch.Tensor]]) -> None:
+    reference, weights = reference_run
+    run_in_processes(8, __file__, "_three_d_run", {"folder": str(tmp_path)}, timeout=900)
+    assert _losses(tmp_path, "pp2_fsdp2_tp2") == pytest.approx(reference, rel=RTOL)
+    # its checkpoint (each stage sharded over dp_shard and tp) exports the whole model
+    assert_hf_export_is_the_whole_model(_step(tmp_path, STEPS), tmp_path / "hf", weights)
