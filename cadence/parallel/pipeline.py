@@ -25,7 +25,8 @@ The schedule is built at the first batch (:func:`build_schedule`), when the numb
 microbatches is known; losses are summed (``scale_grads=False``): each microbatch's loss
 arrives weighted by its share of the batch (:mod:`cadence.trainer.pipeline_step`).
 
-Not supported under a pipeline (refused with the reason): tied input/output embeddings, DDP without fsdp over several data-parallel ranks.
+Not supported under a pipeline (refused with the reason): tied input/output embeddings,
+DDP without fsdp over several data-parallel ranks.
 
 Sources: ``torch.distributed.pipelining`` (``PipelineStage``, ``get_schedule_class``);
 torchtitan's ``torchtitan/distributed/pipeline_parallel.py``.
@@ -195,9 +196,9 @@ def parallelize_pipeline(model: nn.Module, plan: ParallelPlan) -> Pipeline:
         This rank's :class:`Pipeline` (its schedule is built at the first batch).
 
     Raises:
-        ValueError: a meta-device model without an init hook, a split that does not fit the model
-            (:func:`~cadence.parallel.pipeline_split.split_model`), or what the per-stage plan
-            refuses; all before anything is sharded.
+        ValueError: a meta-device model without an init hook, a split that does not fit
+            the model (:func:`~cadence.parallel.pipeline_split.split_model`), or what the
+            per-stage plan refuses; all before anything is sharded.
     """
     from torch.distributed.pipelining import PipelineStage
 
