@@ -26,7 +26,8 @@ microbatches is known; losses are summed (``scale_grads=False``): each microbatc
 arrives weighted by its share of the batch (:mod:`cadence.trainer.pipeline_step`).
 
 Not supported under a pipeline (refused with the reason): tied input/output embeddings,
-DDP without fsdp over several data-parallel ranks.
+DDP without fsdp over several data-parallel ranks, pretrained weights streamed into a meta
+model (``hf_pretrained(init_device="meta")``).
 
 Sources: ``torch.distributed.pipelining`` (``PipelineStage``, ``get_schedule_class``);
 torchtitan's ``torchtitan/distributed/pipeline_parallel.py``.
@@ -196,7 +197,8 @@ def parallelize_pipeline(model: nn.Module, plan: ParallelPlan) -> Pipeline:
         This rank's :class:`Pipeline` (its schedule is built at the first batch).
 
     Raises:
-        ValueError: a meta-device model without an init hook, a split that does not fit
+        ValueError: a meta-device model without an init hook or streaming pretrained
+            weights, a split that does not fit
             the model (:func:`~cadence.parallel.pipeline_split.split_model`), or what the
             per-stage plan refuses; all before anything is sharded.
     """
@@ -208,6 +210,12 @@ def parallelize_pipeline(model: nn.Module, plan: ParallelPlan) -> Pipeline:
     meta = has_meta_tensors(model)
     if meta:
         check_init_hook(model)  # before the split
+        if getattr(model, "pretrained_path", None) is not None:
+            raise ValueError(
+                "parallelism_config.pp: streaming pretrained weights into a meta model "
+                "(hf_pretrained(..., init_device='meta')) is not supported under pipeline "
+                "parallelism yet (the loader needs every stage's parameters); build it with "
+                "init_device: cpu, or load a cadence checkpoint with load_path.")
     split = split_model(model, config.num_stages, config.split_points)
     mesh = dims.build_mesh(plan.device.type)
     names = tuple(n for n in mesh.mesh_dim_names or () if n != "pp")

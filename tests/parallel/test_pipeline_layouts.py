@@ -314,6 +314,16 @@ def _meta_pipeline_run(folder: str) -> None:
         LAYOUTS["cpu"] = ({"pp": pp}, 1)
         assert losses == pytest.approx(train("cpu", build=from_expected).losses,  # type: ignore
                                        rel=RTOL), schedule
+    # streamed pretrained weights into a meta model: refused, naming what to do instead
+    from cadence.models.gpt import hf_pretrained
+
+    if dist.get_global_rank() == 0:
+        tiny_gpt2().model.save_pretrained(f"{folder}/pretrained")
+    dist.barrier()
+    with pytest.raises(ValueError, match=r"streaming pretrained weights into a meta model "
+                                         r"\(hf_pretrained\(..., init_device='meta'\)\) is not "
+                                         r"supported under pipeline parallelism"):
+        train("cpu", build=lambda: hf_pretrained(f"{folder}/pretrained", init_device="meta"))
 
 
 def test_a_meta_model_under_pp2_allocates_its_own_stages_and_trains_as_on_the_cpu(
