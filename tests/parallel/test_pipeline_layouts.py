@@ -364,3 +364,39 @@ def test_pp2_fsdp2_tp2_on_eight_ranks_gives_the_single_process_losses(
     assert _losses(tmp_path, "pp2_fsdp2_tp2") == pytest.approx(reference, rel=RTOL)
     # its checkpoint (each stage sharded over dp_shard and tp) exports the whole model
     assert_hf_export_is_the_whole_model(_step(tmp_path, STEPS), tmp_path / "hf", weights)
+
+
+# ---------------------------------------------------------------- the benchmark's meter
+
+
+def test_the_activation_meter_counts_what_autograd_holds_until_backward_frees_it() -> None:
+    """``benchmarks/pipeline.py``'s per-stage meter: a forward's saved activations counted
+    once per storage (parameters left out), two forwards in flight hold twice one, and
+    backward frees them back to zero."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pipeline_benchmark",
+                                                  REPO / "benchmarks" / "pipeline.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    meter = bench._ActivationMeter({p.untyped_storage().data_ptr() for p in layer.parameters()})
+
+    def forward() -> torch.Tensor:
+        x = torch.randn(8, 16, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
+            return layer(x).square().sum()
+
+    first = forward()
+    one = meter.bytes
+    # saved: x (8x16), tanh's output (8x32, also the second linear's input), the output
+    # (8x4) for square(); the weights are parameters: not counted
+    assert one == 4 * (8 * 16 + 8 * 32 + 8 * 4)
+    second = forward()
+    assert meter.bytes == meter.peak == 2 * one
+    first.backward()
+    assert meter.bytes == one
+    second.backward()
+    assert meter.bytes == 0 and meter.peak == 2 * one and not meter.live
