@@ -252,68 +252,83 @@ def _one_process_init() -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _meta_pipeline_run(folder: str) -> None:
-    """On each schedule (one stage per rank; two, in a V), a meta GPT-2 under PP=2: the rank
-    allocates its own stages' parameters only, its weights are the one-process init's
-    bit for bit, and the loss curve is a CPU-built PP=2 run's from those weights."""
+def _meta_run(name: str, config: dict[str, Any], data_parallel: int,
+              expected: dict[str, torch.Tensor], blocks: set[str]) -> list[float]:
+    """A meta GPT-2 trained on ``config``: checks that the rank allocated its own stages'
+    parameters only (``blocks``: the GPT-2 blocks it must hold) and that their (gathered)
+    weights are ``expected``'s bit for bit; returns the loss curve."""
     import cadence.parallel.pipeline as pipeline_module
+    from torch.distributed.tensor import DTensor
 
+    LAYOUTS[name] = (config, data_parallel)
+    materialised: list[tuple[str, int]] = []
+    draws: list[int] = []
+    real_to_empty, real_init = torch.nn.Module.to_empty, pipeline_module.init_local_stages
+
+    def build() -> Any:
+        model = tiny_gpt2(init_device="meta")
+        names = {id(p): n for n, p in model.named_parameters()}
+
+        def to_empty(module: torch.nn.Module, *, device: Any, recurse: bool = True) -> Any:
+            materialised.extend((names.get(id(p), "sharded"), p.numel())
+                                for p in module.parameters())
+            return real_to_empty(module, device=device, recurse=recurse)
+
+        torch.nn.Module.to_empty = to_empty  # type: ignore[method-assign]
+        return model
+
+    def init_local_stages(*args: Any, **kwargs: Any) -> int:
+        draws.append(real_init(*args, **kwargs))
+        return draws[-1]
+
+    pipeline_module.init_local_stages = init_local_stages  # type: ignore[assignment]
+    weights: dict[str, torch.Tensor] = {}
+
+    def inspect(trainer: Trainer) -> None:
+        torch.nn.Module.to_empty = real_to_empty  # type: ignore[method-assign]
+        weights.update({k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+                        for k, v in trainer.state.model.state_dict().items()})
+
+    try:
+        losses = train(name, build=build, inspect=inspect).losses  # type: ignore
+    finally:
+        torch.nn.Module.to_empty = real_to_empty  # type: ignore[method-assign]
+        pipeline_module.init_local_stages = real_init  # type: ignore[assignment]
+    # only this rank's stages were ever allocated (FSDP2: their parameters, sharded, are
+    # new objects: counted by size), and they are all it holds
+    own = sorted(weights)
+    if data_parallel == 1:
+        assert sorted(n for n, _ in materialised) == own, (materialised, own)
+    assert sum(n for _, n in materialised) == sum(weights[k].numel() for k in own)
+    assert {k.split(".")[3] for k in own if k.startswith("model.transformer.h.")} == blocks
+    assert draws and draws[0] > 0  # the other stages' fills drew past, on scratch
+    different = [k for k in own if not torch.equal(weights[k], expected[k])]
+    assert not different, (name, different)  # the one-process init's weights
+    return losses
+
+
+def _from(weights: dict[str, torch.Tensor]) -> Any:
+    """A CPU GPT-2 holding ``weights``."""
+    model = tiny_gpt2()
+    model.load_state_dict(weights)
+    return model
+
+
+def _meta_pipeline_run(folder: str) -> None:
+    """On each schedule (one stage per rank; two, in a V), a meta GPT-2 under PP=2
+    (:func:`_meta_run`'s checks), its loss curve a CPU-built PP=2 run's from the same
+    weights; a meta model streaming pretrained weights refused."""
     expected = _one_process_init()
+    rank = dist.get_global_rank()
     for schedule in ("1F1B", "ZBVZeroBubble"):
         pp = {"pipeline_parallel_degree": 2, "schedule": schedule, "num_microbatches": 4}
-        LAYOUTS["meta"] = ({"pp": pp}, 1)
-        materialised: list[str] = []
-        draws: list[int] = []
-        real_to_empty, real_init = torch.nn.Module.to_empty, pipeline_module.init_local_stages
-
-        def build() -> Any:
-            model = tiny_gpt2(init_device="meta")
-            names = {id(p): n for n, p in model.named_parameters()}
-
-            def to_empty(module: torch.nn.Module, *, device: Any, recurse: bool = True) -> Any:
-                materialised.extend(names.get(id(p), "?") for p in module.parameters())
-                return real_to_empty(module, device=device, recurse=recurse)
-
-            torch.nn.Module.to_empty = to_empty  # type: ignore[method-assign]
-            return model
-
-        def init_local_stages(*args: Any, **kwargs: Any) -> int:
-            draws.append(real_init(*args, **kwargs))
-            return draws[-1]
-
-        pipeline_module.init_local_stages = init_local_stages  # type: ignore[assignment]
-        weights: dict[str, torch.Tensor] = {}
-
-        def inspect(trainer: Trainer) -> None:
-            torch.nn.Module.to_empty = real_to_empty  # type: ignore[method-assign]
-            weights.update({k: v.detach().clone()
-                            for k, v in trainer.state.model.state_dict().items()})
-
-        try:
-            losses = train("meta", build=build, inspect=inspect).losses  # type: ignore
-        finally:
-            torch.nn.Module.to_empty = real_to_empty  # type: ignore[method-assign]
-            pipeline_module.init_local_stages = real_init  # type: ignore[assignment]
-        # only this rank's stages were ever allocated, and they are all it holds
-        own = sorted(weights)
-        assert sorted(materialised) == own, (materialised, own)
-        rank = dist.get_global_rank()
         blocks = {str(rank), str(3 - rank)} if schedule == "ZBVZeroBubble" else \
             {str(2 * rank), str(2 * rank + 1)}
-        assert {k.split(".")[3] for k in own if k.startswith("model.transformer.h.")} == blocks
-        assert draws and draws[0] > 0  # the other stages' fills drew past, on scratch
-        # the one-process init's weights, bit for bit
-        different = [k for k in own if not torch.equal(weights[k], expected[k])]
-        assert not different, (schedule, different)
-
-        def from_expected() -> Any:  # a CPU model holding the same weights
-            model = tiny_gpt2()
-            model.load_state_dict(expected)
-            return model
-
+        losses = _meta_run("meta", {"pp": pp}, 1, expected, blocks)
         LAYOUTS["cpu"] = ({"pp": pp}, 1)
-        assert losses == pytest.approx(train("cpu", build=from_expected).losses,  # type: ignore
-                                       rel=RTOL), schedule
+        assert losses == pytest.approx(
+            train("cpu", build=lambda: _from(expected)).losses,  # type: ignore[attr-defined]
+            rel=RTOL), schedule
     # streamed pretrained weights into a meta model: refused, naming what to do instead
     from cadence.models.gpt import hf_pretrained
 
@@ -330,6 +345,25 @@ def test_a_meta_model_under_pp2_allocates_its_own_stages_and_trains_as_on_the_cp
         tmp_path: Path) -> None:
     run_in_processes(2, __file__, "_meta_pipeline_run", {"folder": str(tmp_path)},
                      timeout=400)
+
+
+def _meta_fsdp_run(folder: str) -> None:
+    """A meta GPT-2 under PP=2 x FSDP2=2 (:func:`_meta_run`'s checks); rank 0 writes the
+    losses to ``folder/losses-meta_fsdp.json``."""
+    pp_rank = dist.get_global_rank() // 2
+    losses = _meta_run("meta_fsdp", LAYOUTS["pp2_fsdp2"][0] or {}, 2, _one_process_init(),
+                       {str(2 * pp_rank), str(2 * pp_rank + 1)})
+    if dist.get_global_rank() == 0:
+        Path(folder, "losses-meta_fsdp.json").write_text(json.dumps(losses))
+
+
+@pytest.mark.slow
+def test_a_meta_model_under_pp2_fsdp2_allocates_its_own_shards_and_trains_as_one_process(
+        tmp_path: Path) -> None:
+    run_in_processes(4, __file__, "_meta_fsdp_run", {"folder": str(tmp_path)}, timeout=600)
+    expected = _one_process_init()
+    one = train("one", build=lambda: _from(expected)).losses  # type: ignore[attr-defined]
+    assert _losses(tmp_path, "meta_fsdp") == pytest.approx(one, rel=RTOL)
 
 
 # ---------------------------------------------------------------- PP x FSDP2 x TP
