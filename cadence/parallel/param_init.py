@@ -63,8 +63,8 @@ from cadence.utils import dist
 from cadence.utils.dtensor import local_chunk
 from cadence.utils.misc import unwrap_model
 
-__all__ = ["materialize_and_init", "run_init_hook", "init_hook", "check_init_hook", "has_meta_tensors",
-           "LayoutInvariantRandom", "shared_parameters", "retie_parameters"]
+__all__ = ["materialize_and_init", "run_init_hook", "init_hook", "check_init_hook",
+           "has_meta_tensors", "LayoutInvariantRandom", "shared_parameters", "retie_parameters"]
 
 
 def has_meta_tensors(model: nn.Module) -> bool:

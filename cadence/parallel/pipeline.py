@@ -41,7 +41,6 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
-
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cadence.parallel.param_init import (
