@@ -63,8 +63,8 @@ from cadence.utils import dist
 from cadence.utils.dtensor import local_chunk
 from cadence.utils.misc import unwrap_model
 
-__all__ = ["materialize_and_init", "init_hook", "check_init_hook", "has_meta_tensors",
-           "LayoutInvariantRandom", "shared_parameters", "retie_parameters"]
+__all__ = ["materialize_and_init", "run_init_hook", "init_hook", "check_init_hook",
+           "has_meta_tensors", "LayoutInvariantRandom", "shared_parameters", "retie_parameters"]
 
 
 def has_meta_tensors(model: nn.Module) -> bool:
@@ -213,10 +213,28 @@ def materialize_and_init(model: nn.Module, device: torch.device | str,
         return
     check_init_hook(model)
     device = torch.device(device)
-    inner = unwrap_model(model)
     ties = shared_parameters(model)
     model.to_empty(device=device)
     retie_parameters(ties)
+    run_init_hook(model, device, seed)
+
+
+def run_init_hook(model: nn.Module, device: torch.device | str,
+                  seed: Optional[int] = None) -> None:
+    """Step 2 of :func:`materialize_and_init` alone: the (unwrapped) model's init hook, with
+    every RNG seeded by ``seed`` (agreed by all ranks when None), autograd off and under
+    :class:`LayoutInvariantRandom`. A pipeline rank calls it on the whole model once its own
+    stages are allocated (:mod:`cadence.parallel.pipeline`).
+
+    Raises:
+        ValueError: the model defines no init hook.
+    """
+    device = torch.device(device)
+    inner = unwrap_model(model)
+    if init_hook(model) is None:
+        raise ValueError(f"{type(inner).__name__} defines neither init_weights() nor "
+                         f"param_init_fn(module), so nothing can initialise it; define one "
+                         f"(see cadence.parallel.param_init).")
     hook: Callable[..., Any]
     with _seeded(_agreed_seed(seed), device), torch.no_grad(), LayoutInvariantRandom():
         if init_hook(model) == "init_weights":

@@ -70,6 +70,8 @@ class ParallelPlan:
             ``parallelism``.
         seed: the seed of a meta model's initialisation after sharding, the same on every
             rank (the Trainer's ``rank_zero_seed``); None: rank 0 draws one and broadcasts it.
+        materialize: False leaves a meta model's shards on meta, uninitialised, for the
+            caller (a pipeline stage: :mod:`.pipeline` initialises the whole model once).
     """
 
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
@@ -79,6 +81,7 @@ class ParallelPlan:
     mesh: Optional[DeviceMesh] = None
     seed: Optional[int] = None
     dims: Optional[ParallelDims] = None
+    materialize: bool = True
 
     @property
     def activation_checkpointing(self) -> Optional[ActivationCheckpointingConfig]:
@@ -143,7 +146,8 @@ def parallelize(model: nn.Module, plan: ParallelPlan) -> nn.Module:
         _ensure_process_group(plan.device)
         dims = dims if dims is not None else ParallelDims.from_config(config)
         mesh = dims.build_mesh(plan.device.type)
-    source = _weights_source(model, fsdp is not None and fsdp.cpu_ram_efficient_loading)
+    source = _weights_source(model, fsdp is not None and fsdp.cpu_ram_efficient_loading,
+                             plan.materialize)
     if plan.verbose and mesh is not None and dist.get_global_rank() == 0:
         print(f"Parallelism: mesh {tuple(mesh.shape)} {mesh.mesh_dim_names} on "
               f"{dist.get_world_size()} ranks", flush=True)
@@ -174,7 +178,8 @@ def parallelize(model: nn.Module, plan: ParallelPlan) -> nn.Module:
     if source == "rank0":
         _load_from_rank0(model, rank0_state, plan.device)
     elif source == "init":
-        materialize_and_init(model, plan.device, plan.seed)
+        if plan.materialize:  # else the caller's (a pipeline stage: the whole model at once)
+            materialize_and_init(model, plan.device, plan.seed)
     elif mesh is not None:
         _move_unsharded_tensors(model, plan.device)  # TP's buffers (FSDP2 moved its own)
     else:
@@ -187,7 +192,7 @@ def parallelize(model: nn.Module, plan: ParallelPlan) -> nn.Module:
     return model
 
 
-def _weights_source(model: nn.Module, rank0_loading: bool) -> str:
+def _weights_source(model: nn.Module, rank0_loading: bool, check_hook: bool = True) -> str:
     """Where the weights come from, decided alike on every rank (before any sharding):
     ``"model"`` (every rank holds real weights), ``"init"`` (meta on every rank: the init
     hook after sharding) or ``"rank0"`` (rank 0's weights broadcast: fsdp's
@@ -211,7 +216,8 @@ def _weights_source(model: nn.Module, rank0_loading: bool) -> str:
             f"every rank (it is initialised after sharding by its init_weights() or "
             f"param_init_fn), or set parallelism_config.fsdp.cpu_ram_efficient_loading: true "
             f"so rank 0's weights are broadcast into the other ranks' shards.")
-    check_init_hook(model)
+    if check_hook:
+        check_init_hook(model)
     return "init"
 
 
