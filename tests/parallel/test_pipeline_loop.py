@@ -1,0 +1,112 @@
+"""The loop under a pipeline (``parallelism_config.pp``): evaluation, ``predict``, train
+metrics, the algorithms that run (EMA, label smoothing, surgery at INIT) and the refusals,
+each on 2 gloo ranks against one process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from cadence import Trainer, dist
+from cadence.loggers import InMemoryLogger
+from cadence.models.gpt import gpt2
+from tests.algorithms.algorithm_helpers import CountingTokens
+from tests.common.distributed import run_in_processes
+
+STEPS = 3
+GLOBAL_BATCH = 8
+SEQ = 8
+VOCAB = 64
+RTOL = 1e-5  # fp32: the same kernels; only the order of sums differs
+PP = {"pp": {"pipeline_parallel_degree": 2}}
+EVAL = "metrics/eval/LanguageCrossEntropy"
+TRAIN = "metrics/train/LanguageCrossEntropy"
+
+
+def counting_tokens(num_samples: int = STEPS * GLOBAL_BATCH, seed: int = 1234) -> Dataset:
+    """Counting sequences ``{"input_ids", "labels"}: [SEQ]``."""
+    return CountingTokens(num_samples, seed=seed, seq_len=SEQ, vocab_size=VOCAB)
+
+
+def tiny_gpt2(train_metrics: bool = False, **kwargs: Any) -> Any:
+    """A 4-block GPT-2 (untied embeddings: pipeline stages cannot share a weight); with
+    ``train_metrics`` it also has a train ``LanguageCrossEntropy`` (and that as eval metric)."""
+    from cadence.metrics.nlp import LanguageCrossEntropy
+    from cadence.models.huggingface import HuggingFaceModel
+
+    torch.manual_seed(0)
+    model = gpt2(n_layer=4, n_head=2, n_embd=32, vocab_size=VOCAB, max_seq_len=SEQ,
+                 tie_word_embeddings=False, **kwargs)
+    if train_metrics:
+        model = HuggingFaceModel(model.model, metrics=[LanguageCrossEntropy()])
+    return model
+
+
+def train_loader(data_parallel: int = 1) -> DataLoader:
+    dataset = counting_tokens()
+    return DataLoader(dataset, batch_size=GLOBAL_BATCH // data_parallel,
+                      sampler=dist.get_sampler(dataset, shuffle=False))
+
+
+def eval_loader() -> DataLoader:
+    """10 samples in batches of 4, 4 and 2 (the last one smaller)."""
+    dataset = counting_tokens(10, seed=7)
+    return DataLoader(dataset, batch_size=4, sampler=dist.get_sampler(dataset, shuffle=False))
+
+
+def run(parallelism_config: Optional[dict[str, Any]], train_metrics: bool = False,
+        **trainer_kwargs: Any) -> dict[str, Any]:
+    """STEPS AdamW steps with an eval after every batch, then ``eval()`` and ``predict()``
+    on :func:`eval_loader`: everything rank 0's logger saw, the results and the logits."""
+    model = tiny_gpt2(train_metrics)
+    memory = InMemoryLogger()
+    trainer = Trainer(model=model, train_dataloader=train_loader(),
+                      eval_dataloader=eval_loader(), eval_interval="1ba",
+                      max_duration=f"{STEPS}ba",
+                      optimizers=torch.optim.AdamW(model.parameters(), lr=1e-2),
+                      loggers=[memory], log_interval="1ba", progress_bar=False, seed=0,
+                      parallelism_config=parallelism_config, device="cpu", **trainer_kwargs)
+    trainer.fit()
+    standalone = trainer.eval(eval_loader())
+    predicted = trainer.predict(DataLoader(counting_tokens(10, seed=7), batch_size=4))
+    trainer.close()
+    logged = {key: [float(v) for _, v in values] for key, values in memory.data.items()
+              if key.startswith(("metrics/", "loss/"))}
+    return {"logged": logged, "eval": standalone,
+            "logits": [p.logits for p in predicted]}
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, Any]:
+    """One process: the same run, with train metrics."""
+    result = run(None, train_metrics=True)
+    assert len(result["logged"][EVAL]) == STEPS + 1  # after each batch, then eval()
+    assert [tuple(l.shape) for l in result["logits"]] == [(4, SEQ, VOCAB)] * 2 + [(2, SEQ, VOCAB)]
+    return result
+
+
+def _same_run(got: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert got["logged"].keys() == expected["logged"].keys()
+    for key, values in expected["logged"].items():
+        assert got["logged"][key] == pytest.approx(values, rel=RTOL), (key, got["logged"][key], values)
+    assert got["eval"] == pytest.approx(expected["eval"], rel=RTOL)
+    assert len(got["logits"]) == len(expected["logits"])
+    for mine, theirs in zip(got["logits"], expected["logits"]):
+        torch.testing.assert_close(mine, theirs, rtol=RTOL, atol=1e-5)
+
+
+@pytest.mark.world_size(2)
+def test_eval_predict_and_train_metrics_under_pp2_match_one_process(
+        reference: dict[str, Any]) -> None:
+    # fit with an eval_dataloader / eval_interval, eval() on batches of 4, 4 and 2, predict()
+    # (every rank gets the last stage's logits), train metrics: 1F1B, then a V schedule
+    # whose last stage is on rank 0
+    _same_run(run(PP, train_metrics=True), reference)
+    v = {"pp": {"pipeline_parallel_degree": 2, "schedule": "ZBVZeroBubble",
+                "num_microbatches": 4}}
+    _same_run(run(v, train_metrics=True), reference)
