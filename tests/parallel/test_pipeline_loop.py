@@ -23,6 +23,7 @@ GLOBAL_BATCH = 8
 SEQ = 8
 VOCAB = 64
 RTOL = 1e-5  # fp32: the same kernels; only the order of sums differs
+ATOL_WEIGHTS = 1e-5  # SGD: AdamW's normalised steps would amplify it on tiny gradients
 PP = {"pp": {"pipeline_parallel_degree": 2}}
 EVAL = "metrics/eval/LanguageCrossEntropy"
 TRAIN = "metrics/train/LanguageCrossEntropy"
@@ -61,24 +62,26 @@ def eval_loader() -> DataLoader:
 
 def run(parallelism_config: Optional[dict[str, Any]], train_metrics: bool = False,
         **trainer_kwargs: Any) -> dict[str, Any]:
-    """STEPS AdamW steps with an eval after every batch, then ``eval()`` and ``predict()``
-    on :func:`eval_loader`: everything rank 0's logger saw, the results and the logits."""
+    """STEPS SGD steps with an eval after every batch, then ``eval()`` and ``predict()``
+    on :func:`eval_loader`: everything rank 0's logger saw, the results, the logits and the
+    model's parameters by name (this rank's stages' under a pipeline)."""
     model = tiny_gpt2(train_metrics)
     memory = InMemoryLogger()
     trainer = Trainer(model=model, train_dataloader=train_loader(),
                       eval_dataloader=eval_loader(), eval_interval="1ba",
                       max_duration=f"{STEPS}ba",
-                      optimizers=torch.optim.AdamW(model.parameters(), lr=1e-2),
+                      optimizers=torch.optim.SGD(model.parameters(), lr=0.5),
                       loggers=[memory], log_interval="1ba", progress_bar=False, seed=0,
                       parallelism_config=parallelism_config, device="cpu", **trainer_kwargs)
     trainer.fit()
     standalone = trainer.eval(eval_loader())
     predicted = trainer.predict(DataLoader(counting_tokens(10, seed=7), batch_size=4))
+    params = {n: p.detach().clone() for n, p in trainer.state.model.named_parameters()}
     trainer.close()
     logged = {key: [float(v) for _, v in values] for key, values in memory.data.items()
               if key.startswith(("metrics/", "loss/"))}
     return {"logged": logged, "eval": standalone,
-            "logits": [p.logits for p in predicted]}
+            "logits": [p.logits for p in predicted], "params": params}
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +101,10 @@ def _same_run(got: dict[str, Any], expected: dict[str, Any]) -> None:
     assert len(got["logits"]) == len(expected["logits"])
     for mine, theirs in zip(got["logits"], expected["logits"]):
         torch.testing.assert_close(mine, theirs, rtol=RTOL, atol=1e-5)
+    assert got["params"] and set(got["params"]) < set(expected["params"])  # its stages only
+    for name, value in got["params"].items():
+        torch.testing.assert_close(value, expected["params"][name], rtol=RTOL,
+                                   atol=ATOL_WEIGHTS)
 
 
 @pytest.mark.world_size(2)
@@ -110,3 +117,58 @@ def test_eval_predict_and_train_metrics_under_pp2_match_one_process(
     v = {"pp": {"pipeline_parallel_degree": 2, "schedule": "ZBVZeroBubble",
                 "num_microbatches": 4}}
     _same_run(run(v, train_metrics=True), reference)
+
+
+def _ema() -> Any:
+    from cadence.algorithms import EMA
+
+    return EMA(smoothing=0.5)  # a short memory: the EMA differs from the weights
+
+
+def _label_smoothing() -> Any:
+    from cadence.algorithms import LabelSmoothing
+
+    return LabelSmoothing(0.1, target_key="labels")
+
+
+@pytest.fixture(scope="module")
+def ema_reference() -> dict[str, Any]:
+    """One process with EMA and label smoothing: evaluations use the EMA weights, which are
+    the model's after fit."""
+    plain = run(None)
+    result = run(None, algorithms=[_ema(), _label_smoothing()])
+    assert result["logged"]["loss/train/total"] != pytest.approx(
+        plain["logged"]["loss/train/total"], rel=1e-3)  # label smoothing changes the loss
+    assert result["logged"][EVAL][1:] != pytest.approx(plain["logged"][EVAL][1:], rel=1e-3)
+    return result
+
+
+@pytest.mark.world_size(2)
+def test_ema_and_label_smoothing_under_pp2_match_one_process(
+        ema_reference: dict[str, Any]) -> None:
+    # each rank averages its stages' parameters (together the whole model's EMA); label
+    # smoothing runs in the schedule's loss function on the last stage
+    _same_run(run(PP, algorithms=[_ema(), _label_smoothing()]), ema_reference)
+
+
+def _ema_resume(folder: str) -> None:
+    """PP=2 with EMA for STEPS steps, saving after step 2; then resumed on PP=2 from step 2:
+    the same losses and the same EMA (the weights after fit) as the uninterrupted run."""
+    whole = run(PP, algorithms=[_ema()], save_folder=f"{folder}/run", save_interval="2ba")
+    dist.barrier()
+    step2 = sorted(Path(folder, "run").glob("*ba2*"))
+    assert len(step2) == 1
+    resumed = run(PP, algorithms=[_ema()], load_path=str(step2[0]))
+    losses = whole["logged"]["loss/train/total"]
+    assert resumed["logged"]["loss/train/total"] == pytest.approx(losses[2:], rel=RTOL)
+    assert resumed["params"].keys() == whole["params"].keys()
+    for name, value in whole["params"].items():
+        torch.testing.assert_close(resumed["params"][name], value, rtol=RTOL,
+                                   atol=ATOL_WEIGHTS)
+    if dist.get_global_rank() == 0:
+        Path(folder, "done.json").write_text(json.dumps(losses))
+
+
+def test_ema_state_resumes_from_a_pipeline_checkpoint(tmp_path: Path) -> None:
+    run_in_processes(2, __file__, "_ema_resume", {"folder": str(tmp_path)}, timeout=300)
+    assert len(json.loads((tmp_path / "done.json").read_text())) == STEPS
