@@ -13,7 +13,7 @@ from cadence.core.evaluator import Evaluator
 from cadence.core.precision import Precision, get_precision_context
 from cadence.loggers.logger import Logger
 from cadence.parallel.data import real_samples_on_rank
-from cadence.trainer.pipeline_eval import PipelineForward, metric_values
+from cadence.trainer.pipeline_eval import PipelineForward, share_metric_states
 
 __all__ = ["EvalInterrupted", "evaluate"]
 
@@ -44,8 +44,8 @@ def evaluate(state: State, engine: Engine, logger: Logger, module: Any, evaluato
     Under a pipeline (``pipeline``: :class:`~cadence.trainer.pipeline_eval.PipelineForward`)
     each microbatch goes through the pipeline's stages forward-only; ``eval_forward``, the
     metric updates and ``state.outputs`` at ``EVAL_AFTER_FORWARD`` are on the last stage's
-    ranks only (``None`` elsewhere); the values are computed there and broadcast, so every
-    rank logs and holds them in ``state.eval_metric_values``.
+    ranks only (``None`` elsewhere); the metric states are copied from there to the other
+    ranks of the pipeline before ``EVAL_END``, so every rank computes the same values.
 
     Returns:
         ``{"metrics/<label>/<name>": value}``.
@@ -70,12 +70,11 @@ def evaluate(state: State, engine: Engine, logger: Logger, module: Any, evaluato
         state.model.train()
         state.set_dataloader(*train_loader)
         raise
-    if pipeline is None:
-        values = {name: float(metric.compute()) for name, metric in metrics.items()}
-    else:  # computed on the last stage, broadcast over the pipeline
+    if pipeline is not None:  # the last stage's states, on every rank of the pipeline
         pipeline.wait()
-        values = metric_values(metrics, pipeline)
-    results = {f"metrics/{evaluator.label}/{name}": value for name, value in values.items()}
+        share_metric_states(metrics, pipeline)
+    results = {f"metrics/{evaluator.label}/{name}": float(metric.compute())
+               for name, metric in metrics.items()}
     logger.log_metrics(results)
     state.eval_metric_values.update({name: results[f"metrics/{evaluator.label}/{name}"]
                                      for name in metrics})  # Composer's, by metric name

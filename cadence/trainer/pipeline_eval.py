@@ -12,9 +12,10 @@ smaller (or its sequences of another length); here each call sends the activatio
 ahead of it, so any batch runs. Sends are asynchronous (a stage's rank moves on to the next
 microbatch while the next rank computes), so microbatches still overlap across stages.
 
-Metrics are updated on the last stage's ranks only (they see the outputs), synced there over
-the data-parallel ranks as usual, and their values broadcast over the pipeline group
-(:func:`metric_values`), so every rank, rank 0's loggers included, holds the batch's values.
+Metrics are updated on the last stage's ranks only (they see the outputs); their states are
+then copied to the other ranks of the pipeline (:func:`share_metric_states`), so
+``metric.compute()`` (synced over the data-parallel ranks as usual) gives every rank, rank
+0's loggers and the callbacks that read metrics included, the same values.
 
 Source: the forward-only schedule of ``torch.distributed.pipelining``
 (``_ScheduleForwardOnly``: receive, forward, send per microbatch).
@@ -29,7 +30,7 @@ import torch.distributed as torch_dist
 
 from cadence.parallel.pipeline import Pipeline, stage_ids
 
-__all__ = ["PipelineForward", "metric_values", "broadcast_outputs"]
+__all__ = ["PipelineForward", "share_metric_states", "broadcast_outputs"]
 
 _KEY = "parallelism_config.pp"
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64,
@@ -140,25 +141,40 @@ class PipelineForward:
         return tensor
 
 
-def metric_values(metrics: Mapping[str, Any], forward: PipelineForward) -> dict[str, float]:
-    """``{name: float(metric.compute())}`` on every rank of the pipeline: computed on the
-    last stage's ranks (the metrics synced over their data-parallel peers there), then
-    broadcast over the pipeline group. Call on every rank, with the same metric names.
-
-    Returns:
-        name -> value (floats; a metric without an update computes what torchmetrics says,
-        ``nan`` for the mean-type ones).
+def share_metric_states(metrics: Mapping[str, Any], forward: PipelineForward) -> None:
+    """Copy the last stage's metric states (``metric.metric_state``, its update count) to
+    the other ranks of the pipeline, in place: then ``metric.compute()`` gives the same
+    value on every rank (synced over the data-parallel ranks as usual), for the loggers and
+    for callbacks that read the metrics (``EarlyStopper``). Call on every rank with the same
+    metric names, after the updates.
     """
-    names = list(metrics)
-    if not names:
-        return {}
-    device = forward.pipeline.device
-    values = torch.zeros(len(names), dtype=torch.float64, device=device)
+    if not metrics:
+        return
+    box: list[Any] = [None]
     if forward.has_last_stage:
-        for i, name in enumerate(names):
-            values[i] = float(metrics[name].compute())
-    torch_dist.broadcast(values, src=forward.last_stage_rank, group=forward.pipeline.group)
-    return dict(zip(names, values.tolist()))
+        box[0] = {name: ({key: _to(value, torch.device("cpu"))
+                          for key, value in metric.metric_state.items()},
+                         int(metric.update_count)) for name, metric in metrics.items()}
+    torch_dist.broadcast_object_list(box, src=forward.last_stage_rank,
+                                     group=forward.pipeline.group)
+    if forward.has_last_stage:
+        return
+    for name, (states, count) in box[0].items():
+        metric = metrics[name]
+        device = metric.device
+        for key, value in states.items():
+            setattr(metric, key, _to(value, device))
+        metric._update_count = count  # torchmetrics' own counter (compute() reads it)
+        metric._computed = None  # no cached value from before
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    """A metric state (a tensor, or a list of them) on ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device)
+    if isinstance(value, list):
+        return [_to(v, device) for v in value]
+    return value
 
 
 def broadcast_outputs(outputs: Any, forward: PipelineForward) -> Any:

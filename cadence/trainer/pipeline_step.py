@@ -33,7 +33,7 @@ from cadence.core import Engine, Event, State
 from cadence.core.data_spec import DataSpec, num_samples
 from cadence.parallel.pipeline import Pipeline, build_schedule
 from cadence.trainer.loss_weighting import LossWeighting
-from cadence.trainer.pipeline_eval import PipelineForward, metric_values
+from cadence.trainer.pipeline_eval import PipelineForward, share_metric_states
 
 __all__ = ["PipelineStep", "check_pipeline_run", "refuse", "ALGORITHM_REASONS",
            "PIPELINE_ALGORITHMS", "LOSS_ALGORITHMS", "CALLBACK_REASONS"]
@@ -170,6 +170,10 @@ class PipelineStep:
         self._microbatches: list[Any] = []
         self._shape: Optional[tuple[int, ...]] = None
         self._num_microbatches: Optional[int] = None
+        if callable(getattr(pipeline.model, "flops_per_batch", None)):
+            # a whole-model counter does not apply to a rank's stages (and may read modules
+            # another rank holds): SpeedMonitor logs throughput, not FLOPs or MFU, under pp
+            pipeline.model.flops_per_batch = None
         self._calls = 0  # loss-function calls in this step
         self._probes = 0  # of which the schedule's shape probe (its first step, last stage)
         self.forward_only = PipelineForward(pipeline)
@@ -186,9 +190,10 @@ class PipelineStep:
 
             engine.register_pass(in_loss_function)
 
-    def metric_values(self, metrics: dict[str, Any]) -> dict[str, float]:
-        """``metrics``' values on every rank (computed on the last stage, broadcast)."""
-        return metric_values(metrics, self.forward_only)
+    def share_metric_states(self, metrics: dict[str, Any]) -> None:
+        """The last stage's states of ``metrics`` (the train metrics) on every rank of the
+        pipeline (:func:`~cadence.trainer.pipeline_eval.share_metric_states`)."""
+        share_metric_states(metrics, self.forward_only)
 
     def _count(self, batch_size: int) -> int:
         """Microbatches for a rank's batch of ``batch_size`` samples.

@@ -276,6 +276,8 @@ class Trainer:
             model.logger = self.logger  # Composer's ComposerModel.logger
         self.engine = Engine(self.state, self.logger, algorithm_passes, destinations=destinations)
 
+        if parallel_dims.pp_enabled:  # what cannot run under a pipeline, before INIT's surgery
+            check_pipeline_run(self.state, auto_microbatching)
         self.engine.run_event(Event.INIT)
         seed_all(rank_zero_seed + self._dp_rank)  # then each data-parallel rank its own stream
         self._parallelize(as_list(optimizers))
@@ -287,7 +289,6 @@ class Trainer:
         self._build_metrics()
         self._pipeline: Optional[PipelineStep] = None  # parallelism_config.pp: the schedule's step
         if self._pipeline_parts is not None:
-            check_pipeline_run(self.state, auto_microbatching)
             self._pipeline = PipelineStep(self._pipeline_parts, self.state, self.engine,
                                           self._weighting)
         # eval and predict under a pipeline: its forward-only pass (else None: the model)
@@ -714,11 +715,10 @@ class Trainer:
         state = self.state
         # the batch's mean loss (per token with accumulate_train_batch_on_tokens)
         metrics: dict[str, Any] = {"loss/train/total": mean_over_ranks(state.total_loss)}
-        values = ({name: metric.compute() for name, metric in state.train_metrics.items()}
-                  if self._pipeline is None  # else on the last stage, broadcast
-                  else self._pipeline.metric_values(state.train_metrics))
-        for name, value in values.items():
-            metrics[f"metrics/train/{name}"] = value
+        if self._pipeline is not None:  # the last stage's states, on every rank
+            self._pipeline.share_metric_states(state.train_metrics)
+        for name, metric in state.train_metrics.items():
+            metrics[f"metrics/train/{name}"] = metric.compute()
         state.total_loss_dict = {"loss/train/total": metrics["loss/train/total"]}  # Composer's
         state.train_metric_values = {name: metrics[f"metrics/train/{name}"]
                                      for name in state.train_metrics}

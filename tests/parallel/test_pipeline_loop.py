@@ -172,3 +172,151 @@ def _ema_resume(folder: str) -> None:
 def test_ema_state_resumes_from_a_pipeline_checkpoint(tmp_path: Path) -> None:
     run_in_processes(2, __file__, "_ema_resume", {"folder": str(tmp_path)}, timeout=300)
     assert len(json.loads((tmp_path / "done.json").read_text())) == STEPS
+
+
+# ---------------------------------------------------------------------- the contract
+# Every registered algorithm and callback under PP=2: it trains (the single-process losses,
+# or finite and falling where it draws random numbers per stage) or it is refused at INIT
+# with a message naming it and the reason. Constructor arguments: the contract test's
+# (tests/test_contracts.py), with the language model's metric for the stoppers.
+AMP = {"low_precision_layernorm", "low_precision_groupnorm"}  # they act under amp_bf16 only
+# finite and falling: gyro_dropout's masks come from each rank's stream, not the one
+# process's; under amp_bf16 the microbatches' rounding differs from the one batch's
+INEXACT = {"gyro_dropout", *AMP}
+CONTRACT_OVERRIDES: dict[str, dict[str, Any]] = {
+    "label_smoothing": {"target_key": "labels"},
+    "early_stopper": {"monitor": "LanguageCrossEntropy", "dataloader_label": "eval"},
+    "threshold_stopper": {"monitor": "LanguageCrossEntropy", "dataloader_label": "eval",
+                          "threshold": -1.0},  # never reached: the run is not cut short
+    "generate": {"prompts": ["a"], "interval": "1ba"},  # refused before it needs a tokenizer
+    "image_visualizer": {"input_key": "input_ids", "interval": "1ba"},  # not images: a no-op
+}
+
+
+def _contract_kwargs(name: str) -> dict[str, Any]:
+    from tests.test_contracts import REQUIRED_KWARGS
+
+    return {**REQUIRED_KWARGS.get(name, {}), **CONTRACT_OVERRIDES.get(name, {})}
+
+
+def _contract_run(parallelism_config: Optional[dict[str, Any]], **components: Any
+                  ) -> list[float]:
+    """STEPS SGD steps (with an eval at the end) and their logged losses."""
+    names = {type(c).__name__ for c in components.get("algorithms", [])}
+    model = tiny_gpt2(dropout=0.1) if "GyroDropout" in names else tiny_gpt2()
+    if names & {"LowPrecisionLayerNorm", "LowPrecisionGroupNorm"}:
+        components["precision"] = "amp_bf16"
+    memory = InMemoryLogger()
+    trainer = Trainer(model=model, train_dataloader=train_loader(),
+                      eval_dataloader=eval_loader(), eval_interval=f"{STEPS}ba",
+                      max_duration=f"{STEPS}ba",
+                      optimizers=torch.optim.SGD(model.parameters(), lr=0.5),
+                      loggers=[memory], log_interval="1ba", progress_bar=False, seed=0,
+                      parallelism_config=parallelism_config, device="cpu", **components)
+    trainer.fit()
+    trainer.close()
+    return [float(v) for _, v in memory.data["loss/train/total"]]
+
+
+def _algorithm(name: str) -> Any:
+    import warnings
+
+    from cadence.registry import algorithms
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return algorithms.get(name)(**_contract_kwargs(name))
+
+
+def _supported(algorithm: Any) -> bool:
+    from cadence.trainer.pipeline_step import _runs_under_pipeline
+
+    return _runs_under_pipeline(algorithm) is None
+
+
+@pytest.fixture(scope="module")
+def contract_reference() -> dict[str, Any]:
+    """One process: the plain run's losses (``""``) and each algorithm's that runs under a
+    pipeline (``gyro_dropout``: on the model with dropout it needs), or the error with which
+    it refuses this model (``gated_linear_units``: BERT only)."""
+    from cadence.registry import algorithms
+
+    result: dict[str, Any] = {"": _contract_run(None)}
+    for name in algorithms.names():
+        algorithm = _algorithm(name)
+        if _supported(algorithm):
+            try:
+                result[name] = _contract_run(None, algorithms=[algorithm])
+            except (TypeError, ValueError) as exc:  # not for this model (BERT only, ...)
+                result[name] = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+def _expect_refusal(what: str, cls: str, build: Any) -> None:
+    with pytest.raises(ValueError) as info:
+        build()
+    assert f"{what} {cls}: not supported under pipeline parallelism: " in str(info.value), \
+        str(info.value)
+
+
+@pytest.mark.slow
+@pytest.mark.world_size(2)
+@pytest.mark.filterwarnings("ignore")
+def test_every_algorithm_and_callback_runs_or_is_refused_under_pp2(
+        contract_reference: dict[str, Any], tmp_path: Path) -> None:
+    import os
+
+    from cadence.registry import algorithms, callbacks
+    from cadence.trainer.pipeline_step import CALLBACK_REASONS
+
+    os.chdir(tmp_path)  # callbacks that write files write them here
+    ran, refused = set(), set()
+    for name in algorithms.names():
+        algorithm = _algorithm(name)
+        cls = type(algorithm).__name__
+        if not _supported(algorithm):
+            _expect_refusal("algorithm", cls, lambda: _contract_run(PP, algorithms=[algorithm]))
+            refused.add(name)
+            continue
+        expected = contract_reference[name]
+        if isinstance(expected, str):  # it refuses this model without a pipeline too
+            with pytest.raises((TypeError, ValueError)) as info:
+                _contract_run(PP, algorithms=[algorithm])
+            assert f"{type(info.value).__name__}: {info.value}" == expected
+            continue
+        losses = _contract_run(PP, algorithms=[algorithm])
+        assert all(map(torch.isfinite, torch.tensor(losses))), name
+        if name in INEXACT:
+            assert losses[-1] < losses[0], (name, losses)
+        else:
+            assert losses == pytest.approx(expected, rel=RTOL), name
+        ran.add(name)
+    assert {"gradient_clipping", "ema", "label_smoothing", "low_precision_layernorm",
+            "activation_checkpointing", "gyro_dropout"} <= ran
+    assert {"sam", "swa", "selective_backprop", "seq_length_warmup", "alibi", "cutmix",
+            "layer_freezing"} <= refused
+    # Alibi without reshaping batches is surgery at INIT only: it runs
+    from cadence.algorithms import Alibi
+
+    losses = _contract_run(PP, algorithms=[Alibi(2 * SEQ, train_sequence_length_scaling=1.0)])
+    assert all(map(torch.isfinite, torch.tensor(losses))) and losses[-1] < losses[0]
+
+    saved = None
+    for name in callbacks.names():
+        kwargs = _contract_kwargs(name)
+        if name == "load_checkpoint":  # the weights of a PP run before this one
+            if saved is None:
+                saved = str(tmp_path / "saved")
+                _contract_run(PP, save_folder=saved, save_interval=f"{STEPS}ba")
+            kwargs = {"load_path": str(sorted(Path(saved).glob(f"*ba{STEPS}*"))[0]),
+                      "load_weights_only": True}
+        callback = callbacks.get(name)(**kwargs)
+        cls = type(callback).__name__
+        if cls in CALLBACK_REASONS:
+            _expect_refusal("callback", cls, lambda: _contract_run(PP, callbacks=[callback]))
+            continue
+        losses = _contract_run(PP, callbacks=[callback])
+        if name == "load_checkpoint":  # it starts from trained weights
+            assert losses[0] < contract_reference[""][0], losses
+        else:
+            assert losses == pytest.approx(contract_reference[""], rel=RTOL), name
