@@ -14,11 +14,19 @@ Events: ``BEFORE_FORWARD`` fires before the schedule runs; ``AFTER_FORWARD``,
 ``BEFORE_LOSS``, ``AFTER_LOSS``, ``BEFORE_BACKWARD`` and ``AFTER_BACKWARD`` after it, once
 per batch (the schedule interleaves the microbatches' forwards and backwards); there
 ``state.outputs`` is None and ``state.loss`` the batch's loss, already backpropagated.
+The loss algorithms (:data:`LOSS_ALGORITHMS`: label smoothing) run inside the loss
+function instead, per microbatch on the last stage, and train metrics are updated there on
+each microbatch's outputs; their states reach every rank when they are logged
+(:func:`~cadence.trainer.pipeline_eval.share_metric_states`). Evaluation and ``predict``
+run :class:`~cadence.trainer.pipeline_eval.PipelineForward`.
 
-Refused at ``INIT`` (:func:`check_pipeline_run`), each with its reason: the algorithms
-but :data:`PIPELINE_ALGORITHMS` (:data:`ALGORITHM_REASONS`), train metrics, evaluators, ``'auto'`` microbatching,
-optimizers with a closure, ``amp_fp16``; and :func:`refuse` for ``eval()``, ``predict()``,
-``fit(eval_dataloader=...)`` and ``export_for_inference()``.
+Refused before ``INIT`` (:func:`check_pipeline_run`), each with its reason: the algorithms
+that are neither surgery (``INIT`` / ``BEFORE_LOAD`` / ``AFTER_LOAD`` only) nor in
+:data:`PIPELINE_ALGORITHMS` (:data:`ALGORITHM_REASONS`, else a generic reason), the
+callbacks of :data:`CALLBACK_REASONS` (``Generate``, ``ExportForInferenceCallback``),
+``'auto'`` microbatching, optimizers with a closure, ``amp_fp16``; and :func:`refuse` for
+``export_for_inference()``. A model's whole-model ``flops_per_batch`` is switched off
+(``SpeedMonitor`` logs no FLOPs / MFU under a pipeline).
 
 Source: torchtitan's ``forward_backward_step`` under PP (``torchtitan/train.py``).
 """

@@ -117,6 +117,21 @@ def test_eval_predict_and_train_metrics_under_pp2_match_one_process(
     v = {"pp": {"pipeline_parallel_degree": 2, "schedule": "ZBVZeroBubble",
                 "num_microbatches": 4}}
     _same_run(run(v, train_metrics=True), reference)
+    # what needs the whole model on one rank stays refused, naming it and the reason
+    from cadence.callbacks import Generate
+
+    trainer = Trainer(model=tiny_gpt2(), train_dataloader=train_loader(), max_duration="1ba",
+                      progress_bar=False, device="cpu", parallelism_config=PP)
+    with pytest.raises(ValueError, match=r"Trainer.export_for_inference\(\) is not supported "
+                                         r"under pipeline parallelism .*: it needs the whole "
+                                         r"model on one rank"):
+        trainer.export_for_inference("torchscript", "model.pt")
+    trainer.close()
+    with pytest.raises(ValueError, match="callback Generate: not supported under pipeline "
+                                         "parallelism: it generates text autoregressively"):
+        Trainer(model=tiny_gpt2(), train_dataloader=train_loader(), max_duration="1ba",
+                progress_bar=False, device="cpu", parallelism_config=PP,
+                callbacks=[Generate(["a"], "1ba")])
 
 
 def _ema() -> Any:
