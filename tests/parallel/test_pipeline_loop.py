@@ -61,13 +61,13 @@ def eval_loader() -> DataLoader:
 
 
 def run(parallelism_config: Optional[dict[str, Any]], train_metrics: bool = False,
-        **trainer_kwargs: Any) -> dict[str, Any]:
+        data_parallel: int = 1, **trainer_kwargs: Any) -> dict[str, Any]:
     """STEPS SGD steps with an eval after every batch, then ``eval()`` and ``predict()``
     on :func:`eval_loader`: everything rank 0's logger saw, the results, the logits and the
     model's parameters by name (this rank's stages' under a pipeline)."""
     model = tiny_gpt2(train_metrics)
     memory = InMemoryLogger()
-    trainer = Trainer(model=model, train_dataloader=train_loader(),
+    trainer = Trainer(model=model, train_dataloader=train_loader(data_parallel),
                       eval_dataloader=eval_loader(), eval_interval="1ba",
                       max_duration=f"{STEPS}ba",
                       optimizers=torch.optim.SGD(model.parameters(), lr=0.5),
@@ -335,3 +335,17 @@ def test_every_algorithm_and_callback_runs_or_is_refused_under_pp2(
             assert losses[0] < contract_reference[""][0], losses
         else:
             assert losses == pytest.approx(contract_reference[""], rel=RTOL), name
+
+
+@pytest.mark.slow
+@pytest.mark.world_size(4)
+def test_eval_and_train_metrics_under_pp2_x_fsdp2_match_one_process(
+        reference: dict[str, Any]) -> None:
+    # each stage sharded over 2 data-parallel ranks: the eval set (10 samples, padded to 12
+    # by the sampler, the copies left out) split over them, the metric states synced over
+    # the last stage's data-parallel pair and copied along each pipeline
+    config = {"pp": {"pipeline_parallel_degree": 2, "num_microbatches": 2}, "fsdp": {}}
+    got = run(config, train_metrics=True, data_parallel=2)
+    for key, values in reference["logged"].items():
+        assert got["logged"][key] == pytest.approx(values, rel=RTOL), key
+    assert got["eval"] == pytest.approx(reference["eval"], rel=RTOL)
