@@ -83,7 +83,13 @@ class Event(str, Enum):
     microbatches' forwards and backwards in one call, so ``BEFORE_FORWARD`` fires once per
     batch before it, and ``AFTER_FORWARD`` ... ``AFTER_BACKWARD`` once per batch after it, on
     every rank: ``state.outputs`` is then None and ``state.loss`` the batch's loss, already
-    backpropagated (:mod:`cadence.trainer.pipeline_step`).
+    backpropagated (:mod:`cadence.trainer.pipeline_step`). Label smoothing's
+    ``BEFORE_LOSS`` / ``AFTER_LOSS`` work runs inside the schedule's loss function, per
+    microbatch on the last stage, not at those batch events. Evaluation and ``predict`` keep
+    their per-microbatch / per-batch events on every rank; at ``EVAL_AFTER_FORWARD``
+    ``state.outputs`` is set on the last stage's ranks only (None elsewhere), at
+    ``PREDICT_AFTER_FORWARD`` on every rank (broadcast from the last stage), and the metric
+    states reach every rank before ``EVAL_END`` (:mod:`cadence.trainer.pipeline_eval`).
 
     A :class:`~cadence.Callback` has one method per event, named after its value
     (``Event.BATCH_END`` -> ``Callback.batch_end``).

@@ -13,6 +13,7 @@ from cadence.core.evaluator import Evaluator
 from cadence.core.precision import Precision, get_precision_context
 from cadence.loggers.logger import Logger
 from cadence.parallel.data import real_samples_on_rank
+from cadence.trainer.pipeline_eval import PipelineForward, share_metric_states
 
 __all__ = ["EvalInterrupted", "evaluate"]
 
@@ -24,8 +25,8 @@ class EvalInterrupted(Exception):
 
 
 def evaluate(state: State, engine: Engine, logger: Logger, module: Any, evaluator: Evaluator,
-             limit: int, stop_requested: Optional[Callable[[], bool]] = None
-             ) -> dict[str, float]:
+             limit: int, stop_requested: Optional[Callable[[], bool]] = None,
+             pipeline: Optional[PipelineForward] = None) -> dict[str, float]:
     """Evaluate ``state.model`` on ``evaluator`` (at most ``limit`` batches; ``-1``: all) and
     log ``metrics/<label>/<name>``.
 
@@ -39,6 +40,12 @@ def evaluate(state: State, engine: Engine, logger: Logger, module: Any, evaluato
     in eval mode and back in train mode afterwards; ``state.dataloader`` is the evaluator's
     during the pass. ``stop_requested`` (the preemption check during ``fit``) is asked at
     each batch boundary.
+
+    Under a pipeline (``pipeline``: :class:`~cadence.trainer.pipeline_eval.PipelineForward`)
+    each microbatch goes through the pipeline's stages forward-only; ``eval_forward``, the
+    metric updates and ``state.outputs`` at ``EVAL_AFTER_FORWARD`` are on the last stage's
+    ranks only (``None`` elsewhere); the metric states are copied from there to the other
+    ranks of the pipeline before ``EVAL_END``, so every rank computes the same values.
 
     Returns:
         ``{"metrics/<label>/<name>": value}``.
@@ -58,11 +65,14 @@ def evaluate(state: State, engine: Engine, logger: Logger, module: Any, evaluato
     real_left = real_samples_on_rank(spec.dataloader)  # None: no padded copies
     try:
         _eval_batches(state, engine, module, evaluator, spec, metrics, limit, real_left,
-                      stop_requested)
+                      stop_requested, pipeline)
     except EvalInterrupted:
         state.model.train()
         state.set_dataloader(*train_loader)
         raise
+    if pipeline is not None:  # the last stage's states, on every rank of the pipeline
+        pipeline.wait()
+        share_metric_states(metrics, pipeline)
     results = {f"metrics/{evaluator.label}/{name}": float(metric.compute())
                for name, metric in metrics.items()}
     logger.log_metrics(results)
@@ -76,8 +86,8 @@ def evaluate(state: State, engine: Engine, logger: Logger, module: Any, evaluato
 
 def _eval_batches(state: State, engine: Engine, module: Any, evaluator: Evaluator,
                   spec: DataSpec, metrics: dict[str, Any], limit: int,
-                  real_left: Optional[int], stop_requested: Optional[Callable[[], bool]]
-                  ) -> None:
+                  real_left: Optional[int], stop_requested: Optional[Callable[[], bool]],
+                  pipeline: Optional[PipelineForward] = None) -> None:
     """The evaluation's batches; ``stop_requested`` is asked before each one after the
     first (on every rank: it may be a collective).
 
@@ -99,7 +109,8 @@ def _eval_batches(state: State, engine: Engine, module: Any, evaluator: Evaluato
             microbatches = [device_batch] if size is None else spec.split_batch(device_batch, size)
             for microbatch in microbatches:
                 real_left = _eval_microbatch(state, engine, module, spec, metrics,
-                                             spec.microbatch_transforms(microbatch), real_left)
+                                             spec.microbatch_transforms(microbatch), real_left,
+                                             pipeline)
             state.batch = device_batch
             state.eval_timestamp = state.eval_timestamp.to_next_batch(
                 int(spec.get_num_samples_in_batch(device_batch)),
@@ -109,26 +120,29 @@ def _eval_batches(state: State, engine: Engine, module: Any, evaluator: Evaluato
 
 def _eval_microbatch(state: State, engine: Engine, module: Any, spec: DataSpec,
                      metrics: dict[str, Any], microbatch: Any,
-                     real_left: Optional[int]) -> Optional[int]:
+                     real_left: Optional[int],
+                     pipeline: Optional[PipelineForward] = None) -> Optional[int]:
     """Forward one microbatch and update ``metrics`` on its real samples; returns how many
-    real samples this rank has left (``None``: every sample is real)."""
+    real samples this rank has left (``None``: every sample is real). Under a pipeline,
+    only the last stage's ranks get outputs and update the metrics."""
     state.batch = microbatch
     engine.run_event(Event.EVAL_BEFORE_FORWARD)
     with get_precision_context(Precision(state.precision), device=state.device):
         # forward through the (possibly sharded) root so FSDP's hooks run, then let the
         # model turn the outputs into what its metrics take
-        outputs = state.model(state.batch)
-        state.outputs = module.eval_forward(state.batch, outputs)
+        outputs = state.model(state.batch) if pipeline is None else pipeline(state.batch)
+        state.outputs = None if outputs is None else module.eval_forward(state.batch, outputs)
     engine.run_event(Event.EVAL_AFTER_FORWARD)
     batch, outputs = state.batch, state.outputs
+    seen = pipeline is None or outputs is not None  # under a pipeline: the last stage
     keep: Optional[int] = None
     if real_left is not None:
         size = int(spec.get_num_samples_in_batch(batch))
         keep = max(0, min(size, real_left))
         real_left -= size
-        if keep < size:
+        if keep < size and seen:
             batch, outputs = slice_batch(batch, 0, keep), slice_batch(outputs, 0, keep)
-    if keep is None or keep > 0:
+    if seen and (keep is None or keep > 0):
         update: Callable[..., None] = module.update_metric
         for metric in metrics.values():
             update(batch, outputs, metric)

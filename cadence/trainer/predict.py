@@ -14,6 +14,7 @@ import torch
 from cadence.core import Engine, Event, State, Timestamp
 from cadence.core.data_spec import DataSpec, batch_to_device, count_tokens
 from cadence.core.precision import Precision, get_precision_context
+from cadence.trainer.pipeline_eval import PipelineForward, broadcast_outputs
 from cadence.utils.misc import unwrap_model
 
 __all__ = ["predict_loop", "to_cpu"]
@@ -32,7 +33,8 @@ def to_cpu(outputs: Any) -> Any:
 
 def predict_loop(state: State, engine: Engine, dataloader: Iterable[Any],
                  subset_num_batches: int = -1, return_outputs: bool = True,
-                 data_spec: Optional[DataSpec] = None) -> list[Any]:
+                 data_spec: Optional[DataSpec] = None,
+                 pipeline: Optional[PipelineForward] = None) -> list[Any]:
     """Forward every batch of ``dataloader`` (at most ``subset_num_batches``; ``-1``: all)
     through ``state.model`` in eval mode without gradients, in the run's precision.
 
@@ -44,6 +46,12 @@ def predict_loop(state: State, engine: Engine, dataloader: Iterable[Any],
     restored afterwards. With a ``data_spec``, its
     ``batch_transforms`` run before each batch moves to the device, its ``device_transforms``
     and ``microbatch_transforms`` after.
+
+    Under a pipeline (``pipeline``: :class:`~cadence.trainer.pipeline_eval.PipelineForward`)
+    each batch goes through the stages forward-only and the last stage's outputs are
+    broadcast (on the CPU) over the pipeline group: every rank's ``state.outputs`` at
+    ``PREDICT_AFTER_FORWARD`` and its returned list hold its samples' outputs, as without a
+    pipeline (Composer's ``predict`` returns each rank's own).
 
     Returns:
         The outputs of each batch, on the CPU, in order, when ``return_outputs``; else ``[]``
@@ -78,7 +86,12 @@ def predict_loop(state: State, engine: Engine, dataloader: Iterable[Any],
                 engine.run_event(Event.PREDICT_BATCH_START)
                 engine.run_event(Event.PREDICT_BEFORE_FORWARD)
                 with get_precision_context(Precision(state.precision), device=state.device):
-                    state.outputs = model(state.batch)
+                    if pipeline is None:
+                        state.outputs = model(state.batch)
+                    else:  # the last stage's, on every rank of the pipeline
+                        raw = pipeline(state.batch)
+                        state.outputs = broadcast_outputs(
+                            None if raw is None else to_cpu(raw), pipeline)
                 engine.run_event(Event.PREDICT_AFTER_FORWARD)
                 if return_outputs:
                     outputs.append(to_cpu(state.outputs))
@@ -87,5 +100,7 @@ def predict_loop(state: State, engine: Engine, dataloader: Iterable[Any],
                 state.outputs = None
     finally:
         model.train(was_training)
+        if pipeline is not None:
+            pipeline.wait()
     engine.run_event(Event.PREDICT_END)
     return outputs

@@ -276,6 +276,8 @@ class Trainer:
             model.logger = self.logger  # Composer's ComposerModel.logger
         self.engine = Engine(self.state, self.logger, algorithm_passes, destinations=destinations)
 
+        if parallel_dims.pp_enabled:  # what cannot run under a pipeline, before INIT's surgery
+            check_pipeline_run(self.state, auto_microbatching)
         self.engine.run_event(Event.INIT)
         seed_all(rank_zero_seed + self._dp_rank)  # then each data-parallel rank its own stream
         self._parallelize(as_list(optimizers))
@@ -287,9 +289,10 @@ class Trainer:
         self._build_metrics()
         self._pipeline: Optional[PipelineStep] = None  # parallelism_config.pp: the schedule's step
         if self._pipeline_parts is not None:
-            check_pipeline_run(self.state, auto_microbatching)
             self._pipeline = PipelineStep(self._pipeline_parts, self.state, self.engine,
                                           self._weighting)
+        # eval and predict under a pipeline: its forward-only pass (else None: the model)
+        self._forward_only = None if self._pipeline is None else self._pipeline.forward_only
         self.engine.run_event(Event.BEFORE_LOAD)
         loaded = load_at_start(  # autoresume or load_path; a remote one downloaded, then removed
             self.state, self._run_folder,
@@ -433,8 +436,6 @@ class Trainer:
     def _apply_fit(self, changes: FitChanges) -> None:
         """Make what ``fit()``'s arguments change: the state's, then the Trainer's own."""
         check_precision(changes.precision or "fp32", self.state.device)
-        if self._pipeline is not None and changes.evaluators is not None:
-            refuse("fit(eval_dataloader=...)")
         if changes.train_dataloader is not None:  # the sampler counts data-parallel ranks
             self._train_spec = changes.train_data_spec
             check_distributed_sampler(changes.train_dataloader, "train_dataloader", self._dp_size)
@@ -465,11 +466,12 @@ class Trainer:
         Returns:
             The outputs of each batch, on the CPU, when ``return_outputs``; else ``[]``.
         """
-        if self._pipeline is not None:
-            refuse("Trainer.predict()")
         spec = ensure_data_spec(dataloader)  # a DataSpec's transforms run too
+        if self._pipeline is not None:  # the stages of one pipeline take the same samples
+            align_sampler_with_data_parallel(spec.dataloader, "predict dataloader",
+                                             self._dp_size, self._dp_rank)
         return predict_loop(self.state, self.engine, spec.dataloader, subset_num_batches,
-                            return_outputs, data_spec=spec)
+                            return_outputs, data_spec=spec, pipeline=self._forward_only)
 
     @property
     def saved_checkpoints(self) -> list[str]:
@@ -713,6 +715,8 @@ class Trainer:
         state = self.state
         # the batch's mean loss (per token with accumulate_train_batch_on_tokens)
         metrics: dict[str, Any] = {"loss/train/total": mean_over_ranks(state.total_loss)}
+        if self._pipeline is not None:  # the last stage's states, on every rank
+            self._pipeline.share_metric_states(state.train_metrics)
         for name, metric in state.train_metrics.items():
             metrics[f"metrics/train/{name}"] = metric.compute()
         state.total_loss_dict = {"loss/train/total": metrics["loss/train/total"]}  # Composer's
@@ -742,8 +746,6 @@ class Trainer:
         Raises:
             ValueError: no eval dataloader on the Trainer or here.
         """
-        if self._pipeline is not None:
-            refuse("Trainer.eval()")
         state = self.state
         kept_evaluators, kept_metrics = state.evaluators, dict(state.eval_metrics)
         if eval_dataloader is not None:
@@ -792,7 +794,7 @@ class Trainer:
     def _eval_one(self, evaluator: Evaluator, limit: int,
                   stop: Optional[Callable[[], bool]] = None) -> dict[str, float]:
         return evaluate(self.state, self.engine, self.logger, self._module, evaluator, limit,
-                        stop)
+                        stop, pipeline=self._forward_only)
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
