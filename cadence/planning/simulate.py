@@ -170,6 +170,25 @@ def memory_breakdown(tracker: Any) -> tuple[int, int, int]:
     return activations, temporaries, kinds.get("Total", 0)
 
 
+def _peak_only(base: type) -> type:
+    """``base`` (``MemTracker`` or ``FSDPMemTracker``) keeping the step's peak only, not
+    each module's: ``MemTracker`` updates every tracked module's peak after every op (a
+    loop over all modules per op: 80 % of planning a 70B model on 512 ranks); the totals by
+    kind and the global peak, which the plan reads, are the same."""
+    from copy import deepcopy
+
+    class PeakOnly(base):  # type: ignore[misc, valid-type]
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            del peak_state
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap["Total"]:
+                    self._peak_mem[dev] = snap["Total"]
+                    self._peak_mem_snap[dev] = deepcopy(snap)
+
+    PeakOnly.__name__ = PeakOnly.__qualname__ = f"PeakOnly{base.__name__}"
+    return PeakOnly
+
+
 def _schedule_mem_tracker() -> Any:
     """``MemTracker`` that lets a root module run once per microbatch in one step (a
     pipeline schedule calls each stage's module ``m`` times before the backwards):
@@ -178,7 +197,7 @@ def _schedule_mem_tracker() -> Any:
     by kind and the peak, which the plan reads, are unchanged."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    class ScheduleMemTracker(MemTracker):
+    class ScheduleMemTracker(_peak_only(MemTracker)):  # type: ignore[misc]
         def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
             if module in self.memory_tracking and not self._mod_tracker.is_bw:
                 name = self._mod_tracker.get_known_fqn(module)
@@ -190,14 +209,15 @@ def _schedule_mem_tracker() -> Any:
 
 
 def tracker_for(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
-    """PyTorch's memory tracker for ``model``: ``FSDPMemTracker`` for an FSDP2 root, else a
-    ``MemTracker`` told about the model and the optimizer (one that accepts a module run
-    once per microbatch, as under a pipeline schedule: :func:`_schedule_mem_tracker`)."""
+    """PyTorch's memory tracker for ``model``, keeping the step's peak (not each module's:
+    :func:`_peak_only`): ``FSDPMemTracker`` for an FSDP2 root, else a ``MemTracker`` told
+    about the model and the optimizer (one that accepts a module run once per microbatch,
+    as under a pipeline schedule: :func:`_schedule_mem_tracker`)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(model, FSDPModule):
-        return FSDPMemTracker(model, optimizer)
+        return _peak_only(FSDPMemTracker)(model, optimizer)
     tracker = _schedule_mem_tracker()
     tracker.track_external(model, optimizer)
     return tracker

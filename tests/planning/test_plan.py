@@ -153,7 +153,7 @@ def test_pipeline_stages_planned_bytes_equal_the_real_run(tmp_path: Path, schedu
 
 
 def test_pipeline_collectives_and_in_flight_microbatches(tmp_path: Path) -> None:
-    # the stage boundary: [1, 32, 64] fp32 activations = 8 KiB per microbatch, 4 of them,
+    # the stage boundary: [2, 32, 64] fp32 activations = 16 KiB per microbatch, 4 of them,
     # forward out of stage 0 and their gradients back; 1F1B holds 2 microbatches in flight
     # on the first stage, GPipe 4: GPipe's stage-0 activations are larger
     from cadence.planning.stages import schedule_order
@@ -165,8 +165,8 @@ def test_pipeline_collectives_and_in_flight_microbatches(tmp_path: Path) -> None
     first, last = plans["1F1B"].ranks
     sends = {(r.rank, c.op): (c.count, c.bytes) for r in (first, last) for c in r.collectives
              if c.dim == "pp"}
-    assert sends == {(0, "send"): (4, 4 * 8192), (0, "recv"): (4, 4 * 8192),
-                     (1, "send"): (4, 4 * 8192), (1, "recv"): (4, 4 * 8192)}
+    assert sends == {(0, "send"): (4, 4 * 16384), (0, "recv"): (4, 4 * 16384),
+                     (1, "send"): (4, 4 * 16384), (1, "recv"): (4, 4 * 16384)}
     assert plans["GPipe"].ranks[0].activations_bytes > first.activations_bytes
     assert first.params_bytes != last.params_bytes  # the ranks differ: both reported
     order = schedule_order("1F1B", 2, 0, 4)
