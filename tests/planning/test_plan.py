@@ -71,6 +71,10 @@ def _compare(tmp_path: Path, world: int, parallelism: dict[str, Any], **extra: A
                                                     "out_dir": str(tmp_path)})
     for planned in plan.ranks:
         real = json.loads((tmp_path / f"rank{planned.rank}.json").read_text())
+        print(f"plan-vs-real rank {planned.rank}: params {planned.params_bytes}/"
+              f"{real['params']} grads {planned.grads_bytes}/{real['grads']} optimizer "
+              f"{planned.optimizer_bytes}/{real['optimizer']} peak {planned.peak_bytes}/"
+              f"{real['peak']}")  # the figures of docs/benchmarks.md (pytest -s)
         assert (planned.params_bytes, planned.grads_bytes, planned.optimizer_bytes) == (
             real["params"], real["grads"], real["optimizer"]), planned.rank
         assert real["params"] > 0 and real["grads"] > 0 and real["optimizer"] > 0
@@ -201,7 +205,7 @@ def test_expert_parallel_all_to_all_is_in_the_collectives(tmp_path: Path) -> Non
     assert [c.dim for c in a2a] == ["ep"]
     # balanced routing: 2 samples x 32 tokens x top-2 = 128 rows of 64 fp32 per all-to-all;
     # per block a dispatch and a combine in forward, as many in backward: 4 x 2 blocks
-    assert a2a[0].count == 16 and a2a[0].bytes == 16 * 128 * 64 * 4
+    assert a2a[0].count == 8 and a2a[0].bytes == 8 * 128 * 64 * 4
     assert plan.estimate.comm_seconds["ep"] > 0
 
 
