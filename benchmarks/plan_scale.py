@@ -64,22 +64,27 @@ def llama(shape: str):  # noqa: ANN201 - a HuggingFaceModel on the meta device
 
 def plan_shape(shape: str, world_size: int, tp: int, gpu: str, local_batch: int = 1,
                memory_gib: float | None = None, cpu_offload: bool = False,
-               activation_checkpointing: bool = True):  # noqa: ANN201
+               activation_checkpointing: bool = True, pp: int = 1,
+               schedule: str = "1F1B"):  # noqa: ANN201
     from cadence.config.load import load_config
     from cadence.planning.devices import get_device
     from cadence.planning.planner import plan_config
 
-    run = {"max_duration": "1ba", "global_train_batch_size": local_batch * world_size // tp,
+    pipeline = ({"pp": {"pipeline_parallel_degree": pp, "schedule": schedule,
+                        "microbatch_size": 1}} if pp > 1 else {})
+    run = {"max_duration": "1ba",
+           "global_train_batch_size": local_batch * world_size // (tp * pp),
            "precision": "amp_bf16", "model": {"name": "gpt2"},
            "train_loader": {"name": "shakespeare"},
            "optimizer": {"name": "adamw", "lr": 1e-4},
            "parallelism_config": {"fsdp": {"activation_checkpointing": activation_checkpointing,
                                            "cpu_offload": cpu_offload},
                                   **({"tp": {"tensor_parallel_degree": tp}} if tp > 1
-                                     else {})}}
+                                     else {}), **pipeline}}
     cfg = load_config(run, world_size=world_size)
     return plan_config(cfg, world_size=world_size, nnodes=max(world_size // 8, 1),
-                       device=get_device(gpu, memory_gib=memory_gib), ranks=[0],
+                       device=get_device(gpu, memory_gib=memory_gib),
+                       ranks=[0, world_size - 1] if pp > 1 else [0],
                        seq_len=int(SHAPES[shape].get("max_position_embeddings",
                                                      SHAPES[shape].get("max_seq_len", 8192))),
                        build_model=lambda: llama(shape))
@@ -103,6 +108,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="samples per data-parallel rank (default 1)")
     parser.add_argument("--cpu-offload", action="store_true",
                         help="FSDP2's CPU offload of the sharded state")
+    parser.add_argument("--pp", type=int, default=1,
+                        help="pipeline-parallel degree (microbatches of 1 sample; the first "
+                             "and the last rank simulated)")
+    parser.add_argument("--schedule", default="1F1B", help="the pipeline schedule")
     parser.add_argument("--no-activation-checkpointing", action="store_true",
                         help="train without activation checkpointing")
     parser.add_argument("--memory-gib", type=float, default=None,
@@ -117,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         start, cpu_start = time.perf_counter(), _cpu_seconds()
         plan = plan_shape(shape, args.world_size, args.tp, args.gpu, args.local_batch,
                           args.memory_gib, args.cpu_offload,
-                          not args.no_activation_checkpointing)
+                          not args.no_activation_checkpointing, args.pp, args.schedule)
         seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
         rss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                   resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024

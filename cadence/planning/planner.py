@@ -269,18 +269,28 @@ def _plan_once(cfg: TrainConfig, world_size: int, nnodes: int, device: Device,
             r.peak_bytes = max(r.peak_bytes - r.params_bytes - r.grads_bytes
                                - r.optimizer_bytes, 0)
         offload = max(r.params_bytes for r in simulated)
-    estimate = estimate_step(
-        simulated[0].collectives, model_flops_per_device=flops,
+    # every simulated rank's step; the slowest sets the pace (a pipeline's stages wait
+    # for each other, data-parallel ranks at each collective)
+    estimate = max((estimate_step(
+        r.collectives, model_flops_per_device=flops,
         tokens_per_device=batch * tokens / (dims.tp * dims.pp), device=device,
         precision_key=precision_key(precision, allow_tf32=True),
         activation_checkpointing=bool(fsdp is not None and fsdp.activation_checkpointing),
         mesh=mesh_strides(dims.mesh_shape, dims.mesh_dim_names), world_size=world_size,
         ranks_per_node=per_node, offload_bytes=offload,
-        pipeline_bubble=_bubble(pp, dims.pp, spec.num_microbatches))
+        pipeline_bubble=_bubble(pp, dims.pp, spec.num_microbatches)) for r in simulated),
+        key=lambda e: e.step_seconds)
     limit = int(device.memory_bytes * headroom)
     notes = ["torch.compile is not simulated: the step runs eager"] if cfg.compile_config else []
-    if not isinstance(getattr(cfg, "device_train_microbatch_size", None), int):
+    if pp is not None:
+        notes.append(f"pipeline: {pp.schedule}, {spec.num_microbatches} microbatches of "
+                     f"{micro} per step; the activations of the microbatches the schedule "
+                     f"holds in flight on each rank (cadence.planning.stages)")
+    elif not isinstance(getattr(cfg, "device_train_microbatch_size", None), int):
         notes.append(f"microbatch size {micro} (the per-device batch; 'auto' or unset)")
+    if dims.ep_enabled:
+        notes.append("expert parallelism: balanced routing assumed (each rank's experts get "
+                     "an even share of the routed tokens; cadence.planning.experts)")
     return Plan(world_size=world_size, nnodes=nnodes, device=device, layout=dims.describe(),
                 ranks=simulated, estimate=estimate, memory_limit_bytes=limit,
                 fits=all(r.peak_bytes <= limit for r in simulated), notes=notes)

@@ -97,7 +97,8 @@ class RankMemory:
         return {"rank": self.rank, "params_bytes": self.params_bytes,
                 "grads_bytes": self.grads_bytes, "optimizer_bytes": self.optimizer_bytes,
                 "activations_bytes": self.activations_bytes,
-                "temporary_bytes": self.temporary_bytes, "peak_bytes": self.peak_bytes}
+                "temporary_bytes": self.temporary_bytes, "peak_bytes": self.peak_bytes,
+                "collectives": [c.to_dict() for c in self.collectives]}
 
 
 @contextlib.contextmanager
