@@ -239,9 +239,10 @@ def simulate_pipeline_rank(spec: Any, parallelism: ParallelismConfig, world_size
             counter = CollectiveCounter(group_names(mesh))
             sent: dict[str, list[int]] = {"send": [0, 0], "recv": [0, 0]}  # [count, bytes]
             with counter, tracker:
-                _run_order(order, modules, split, model, batches, first, last, m, hidden,
-                           dtype, spec.precision, sent)
-                optimizer.step()
+                kept = _run_order(order, modules, split, model, batches, first, last, m,
+                                  hidden, dtype, spec.precision, sent, skipped=m - run)
+                optimizer.step()  # the receive buffers and outputs still held
+                del kept
             state = local_state_bytes(model, optimizer)
         activations, temporaries, peak = memory_breakdown(tracker)
     collectives = list(counter.collectives.values())
@@ -260,17 +261,27 @@ def simulate_pipeline_rank(spec: Any, parallelism: ParallelismConfig, world_size
 def _run_order(order: list[tuple[str, int, int]], modules: list[nn.Module], split: Any,
                model: nn.Module, batches: list[Any], first: list[bool], last: list[bool],
                m: int, hidden: int, dtype: torch.dtype, precision: str,
-               sent: dict[str, list[int]]) -> None:
+               sent: dict[str, list[int]], skipped: int = 0) -> list[torch.Tensor]:
     """Run the schedule's forwards and backwards (fake tensors) holding what a
     ``PipelineStage`` holds: a stage's input is the batch's (first stage) or a receive
     buffer ``[mb, seq, hidden]``, one per microbatch, kept for the step (as are the
     gradient receive buffers of a stage that is not the last); the last stage keeps each
     microbatch's output for the step (the schedule merges them) and takes the model's loss
-    of it (a microbatch's share of the batch)."""
+    of it (a microbatch's share of the batch). The ``skipped`` microbatches not run (the
+    steady state repeats) still leave their kept tensors: allocated, like microbatch 0's,
+    before the last backward (when the real schedule holds every microbatch's). Returns the kept tensors (held through the
+    optimizer step, as the stage holds them)."""
     context = get_precision_context(precision, device="cpu")
     live: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
     kept: list[torch.Tensor] = []  # receive buffers and the last stage's outputs
-    for kind, s, i in order:
+    of_microbatch: dict[int, list[torch.Tensor]] = {}  # what each microbatch leaves
+    final = max(j for j, (kind, _, _) in enumerate(order) if kind == "B")
+
+    def keep(i: int, tensor: torch.Tensor) -> None:
+        kept.append(tensor)
+        of_microbatch.setdefault(i, []).append(tensor)
+
+    for j, (kind, s, i) in enumerate(order):
         batch = batches[i]
         if kind == "F":
             if first[s]:
@@ -278,30 +289,33 @@ def _run_order(order: list[tuple[str, int, int]], modules: list[nn.Module], spli
             else:
                 ids = split.inputs(batch)
                 buffer = torch.empty((*ids.shape[:2], hidden), dtype=dtype)
-                kept.append(buffer)
+                keep(i, buffer)
                 x = buffer.detach().requires_grad_(True)
                 _count(sent, "recv", x)
             with context:
                 out = modules[s](x)
                 if last[s]:
-                    kept.append(out)
+                    keep(i, out)
                     out = model.loss(split.outputs(out, batch), batch) / m
             if not last[s]:
                 _count(sent, "send", out)
             live[(s, i)] = (x, out)
         else:
+            if j == final:  # by the last backward every microbatch has left its tensors
+                kept.extend(torch.empty_like(t) for _ in range(skipped)
+                            for t in of_microbatch.get(0, []))
             x, out = live.pop((s, i))
             if last[s]:
                 out.backward()
             else:
                 grad = torch.empty_like(out)  # the output's gradient, from the next stage
-                kept.append(grad)
+                keep(i, grad)
                 _count(sent, "recv", grad)
                 out.backward(grad)
             if not first[s]:
                 _count(sent, "send", x)  # the input's gradient, to the previous stage
             del x, out
-    del kept
+    return kept
 
 
 def _count(sent: dict[str, list[int]], op: str, tensor: torch.Tensor) -> None:
