@@ -258,8 +258,12 @@ def _plan_once(cfg: TrainConfig, world_size: int, nnodes: int, device: Device,
     for rank in chosen:
         if not 0 <= rank < world_size:
             raise ValueError(f"--ranks: rank {rank} is not in 0..{world_size - 1}.")
-    simulated = [_in_child(lambda rank=rank: simulate_rank(spec, parallelism, world_size, rank,
-                                                           per_node))
+    if dims.pp_enabled:  # the stages each rank holds, their schedule's order
+        from cadence.planning.stages import simulate_pipeline_rank as simulate
+    else:
+        simulate = simulate_rank
+    simulated = [_in_child(lambda rank=rank: simulate(spec, parallelism, world_size, rank,
+                                                      per_node))
                  for rank in chosen]
     fsdp = parallelism.fsdp
     flops = _flops_per_device(probe, batch, tokens, dims.tp * dims.pp)

@@ -261,6 +261,8 @@ def simulate_rank(spec: StepSpec, parallelism: ParallelismConfig, world_size: in
         ValueError: the layout does not fit (the messages training gives:
             :meth:`ParallelDims.from_config`, the TP plan's checks in ``parallelize``).
         RuntimeError: a process group already exists in this process.
+        ValueError: also for a pipelined layout (``pp > 1``): that is
+            :func:`cadence.planning.stages.simulate_pipeline_rank`'s.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -268,10 +270,10 @@ def simulate_rank(spec: StepSpec, parallelism: ParallelismConfig, world_size: in
     # the layout's own checks, before any process group or model: training's messages
     dims = ParallelDims.from_config(parallelism, world_size=world_size,
                                     local_world_size=local, global_rank=rank)
-    if dims.pp_enabled:  # the stages this rank holds, their schedule's order
-        from cadence.planning.stages import simulate_pipeline_rank
-
-        return simulate_pipeline_rank(spec, parallelism, world_size, rank, local)
+    if dims.pp_enabled:
+        raise ValueError("simulate_rank does not run a pipeline's schedule; simulate a "
+                         "pipelined rank (parallelism_config.pp) with cadence.planning.stages"
+                         ".simulate_pipeline_rank.")
     if dims.uses_ddp:
         return _ddp_rank(simulate_rank(spec, parallelism, 1), rank, world_size)
     with fake_process_group(rank, world_size):
