@@ -245,3 +245,32 @@ def test_cli_json_parses_and_imports_no_cuda(tmp_path: Path) -> None:
     assert {c["op"] for c in plan["collectives"]} == {"all_gather", "reduce_scatter"}
     assert plan["fits"] is True and 0 < plan["mfu"] < 1
     assert "FSDP2 wrap plan" in out.stderr
+
+
+def test_schedule_orders_hold_the_documented_microbatches_in_flight() -> None:
+    from cadence.planning.stages import bubble_factor, schedule_order
+
+    def most_in_flight(order: list[tuple[str, int, int]]) -> int:
+        live, most = 0, 0
+        for kind, _, _ in order:
+            live += 1 if kind == "F" else -1
+            most = max(most, live)
+        return most
+
+    # p = 4 pipeline ranks, m = 8 microbatches: GPipe holds all 8; 1F1B p - r on rank r
+    assert [most_in_flight(schedule_order("GPipe", 4, r, 8)) for r in range(4)] == [8] * 4
+    assert [most_in_flight(schedule_order("1F1B", 4, r, 8)) for r in range(4)] == [4, 3, 2, 1]
+    # interleaved, v = 2 stages per rank: Megatron's warm-up 2 (p - r - 1) + (v - 1) p, + 1
+    assert [most_in_flight(schedule_order("Interleaved1F1B", 4, r, 8, 2))
+            for r in range(4)] == [11, 9, 7, 5]
+    for schedule, v in (("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2), ("LoopedBFS", 2),
+                        ("ZBVZeroBubble", 2)):
+        for r in range(4):  # every (stage, microbatch) runs forward once, then backward once
+            order = schedule_order(schedule, 4, r, 8, v)
+            forwards = [(s, i) for kind, s, i in order if kind == "F"]
+            assert sorted(forwards) == [(s, i) for s in range(v) for i in range(8)]
+            assert sorted((s, i) for kind, s, i in order if kind == "B") == sorted(forwards)
+            for s, i in forwards:
+                assert order.index(("F", s, i)) < order.index(("B", s, i))
+    assert bubble_factor("1F1B", 4, 8) == 11 / 8 and bubble_factor("1F1B", 1, 8) == 1.0
+    assert bubble_factor("Interleaved1F1B", 4, 8, 2) == (8 + 1.5) / 8
