@@ -7,11 +7,17 @@ built on the meta device and the step runs on fake tensors.
     python benchmarks/plan_scale.py [--shapes 8b,70b,405b] [--world-size 512]
     python benchmarks/plan_scale.py --shapes llama2-70b --world-size 8 --tp 1 \
         --gpu a100-80gb [--cpu-offload]
+    python benchmarks/plan_scale.py --shapes 70b --world-size 256 --local-batch 16  # torchtitan
+    python benchmarks/plan_scale.py --shapes mpt-7b --world-size 8 --tp 1 --local-batch 6 \
+        --no-activation-checkpointing  # llm-foundry's MPT-7B row
 
 Shapes: Llama 3.1 (Meta's model cards / ``config.json``): 8B d=4096 L=32 H=32 KV=8
 ffn=14336; 70B d=8192 L=80 H=64 KV=8 ffn=28672; 405B d=16384 L=126 H=128 KV=8 ffn=53248;
 vocabulary 128,256; sequence 8,192; bf16 (``amp_bf16``), AdamW, activation checkpointing,
-one sample per data-parallel rank.
+one sample per data-parallel rank. ``mpt-7b``: MPT-7B's shape (d=4096 L=32 H=32, a 4 d GELU
+MLP, vocabulary 50,432, sequence 2,048, tied embeddings: Mosaic's model card) as a GPT-2
+(cadence has no MPT builder; GPT-2's learned position embedding stands in for ALiBi: 8.4 M
+parameters more, a look-up that adds no FLOPs).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ SHAPES = {
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=8,
                  intermediate_size=128, vocab_size=256, max_position_embeddings=64),
     # Llama 2 70B (Touvron et al. 2023): vocabulary 32,000, sequence 4,096
+    "mpt-7b": dict(n_layer=32, n_head=32, n_embd=4096, vocab_size=50432, max_seq_len=2048),
     "llama2-70b": dict(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
                        intermediate_size=28672, vocab_size=32000,
                        max_position_embeddings=4096),
@@ -39,6 +46,11 @@ SHAPES = {
 
 def llama(shape: str):  # noqa: ANN201 - a HuggingFaceModel on the meta device
     import torch
+
+    if shape == "mpt-7b":
+        from cadence.models.gpt import gpt2
+
+        return gpt2(**SHAPES[shape], init_device="meta")
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from cadence.models.huggingface import HuggingFaceModel
@@ -51,23 +63,30 @@ def llama(shape: str):  # noqa: ANN201 - a HuggingFaceModel on the meta device
 
 
 def plan_shape(shape: str, world_size: int, tp: int, gpu: str, local_batch: int = 1,
-               memory_gib: float | None = None, cpu_offload: bool = False):  # noqa: ANN201
+               memory_gib: float | None = None, cpu_offload: bool = False,
+               activation_checkpointing: bool = True, pp: int = 1,
+               schedule: str = "1F1B"):  # noqa: ANN201
     from cadence.config.load import load_config
     from cadence.planning.devices import get_device
     from cadence.planning.planner import plan_config
 
-    run = {"max_duration": "1ba", "global_train_batch_size": local_batch * world_size // tp,
+    pipeline = ({"pp": {"pipeline_parallel_degree": pp, "schedule": schedule,
+                        "microbatch_size": 1}} if pp > 1 else {})
+    run = {"max_duration": "1ba",
+           "global_train_batch_size": local_batch * world_size // (tp * pp),
            "precision": "amp_bf16", "model": {"name": "gpt2"},
            "train_loader": {"name": "shakespeare"},
            "optimizer": {"name": "adamw", "lr": 1e-4},
-           "parallelism_config": {"fsdp": {"activation_checkpointing": True,
+           "parallelism_config": {"fsdp": {"activation_checkpointing": activation_checkpointing,
                                            "cpu_offload": cpu_offload},
                                   **({"tp": {"tensor_parallel_degree": tp}} if tp > 1
-                                     else {})}}
+                                     else {}), **pipeline}}
     cfg = load_config(run, world_size=world_size)
     return plan_config(cfg, world_size=world_size, nnodes=max(world_size // 8, 1),
-                       device=get_device(gpu, memory_gib=memory_gib), ranks=[0],
-                       seq_len=int(SHAPES[shape].get("max_position_embeddings", 8192)),
+                       device=get_device(gpu, memory_gib=memory_gib),
+                       ranks=[0, world_size - 1] if pp > 1 else [0],
+                       seq_len=int(SHAPES[shape].get("max_position_embeddings",
+                                                     SHAPES[shape].get("max_seq_len", 8192))),
                        build_model=lambda: llama(shape))
 
 
@@ -89,6 +108,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="samples per data-parallel rank (default 1)")
     parser.add_argument("--cpu-offload", action="store_true",
                         help="FSDP2's CPU offload of the sharded state")
+    parser.add_argument("--pp", type=int, default=1,
+                        help="pipeline-parallel degree (microbatches of 1 sample; the first "
+                             "and the last rank simulated)")
+    parser.add_argument("--schedule", default="1F1B", help="the pipeline schedule")
+    parser.add_argument("--no-activation-checkpointing", action="store_true",
+                        help="train without activation checkpointing")
     parser.add_argument("--memory-gib", type=float, default=None,
                         help="device memory, GiB (default: the --gpu's)")
     args = parser.parse_args(argv)
@@ -100,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     for shape in args.shapes.split(","):
         start, cpu_start = time.perf_counter(), _cpu_seconds()
         plan = plan_shape(shape, args.world_size, args.tp, args.gpu, args.local_batch,
-                          args.memory_gib, args.cpu_offload)
+                          args.memory_gib, args.cpu_offload,
+                          not args.no_activation_checkpointing, args.pp, args.schedule)
         seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
         rss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                   resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024

@@ -31,7 +31,8 @@ class Collective:
         group_size: ranks in the group.
         count: how many were issued.
         bytes: total bytes of the collective's tensor (the gathered output of an all-gather,
-            the input of a reduce-scatter, the tensor of an all-reduce), summed over calls.
+            the input of a reduce-scatter, the tensor of an all-reduce, the larger of an
+            all-to-all's input and output, a send's or receive's tensor), summed over calls.
     """
 
     dim: str
@@ -72,6 +73,17 @@ def group_names(mesh: Any) -> dict[str, str]:
     return names
 
 
+def _comm_bytes(func: Any, op: str, result: Any, args: Any, kwargs: Any) -> int:
+    """The bytes of one call: PyTorch's count, except an all-to-all's, which is the larger
+    of its input and output (PyTorch adds them for the functional op): what this rank
+    sends, or receives, itself included."""
+    if op != "all_to_all":
+        return int(CollectiveOp.get_comm_tensor_size(func, result, args, kwargs))
+    sizes = [t.untyped_storage().nbytes() for t in (*args[:2], result)
+             if isinstance(t, torch.Tensor)]
+    return max(sizes, default=0)
+
+
 class CollectiveCounter(TorchDispatchMode):
     """Counts collectives while active (``with CollectiveCounter(group_names(mesh)):``).
 
@@ -97,5 +109,5 @@ class CollectiveCounter(TorchDispatchMode):
             key = (dim, _op_name(func))
             entry = self.collectives.setdefault(key, Collective(dim, key[1], group.size()))
             entry.count += 1
-            entry.bytes += CollectiveOp.get_comm_tensor_size(func, result, args, kwargs)
+            entry.bytes += _comm_bytes(func, key[1], result, args, kwargs)
         return result

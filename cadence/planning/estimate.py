@@ -18,6 +18,15 @@ The model, written out (each assumption is also returned in :attr:`StepEstimate.
   prefetched one unit ahead; DDP's bucketed all-reduces during backward) overlap with
   compute: the step takes the longer of the two. Tensor parallelism's collectives are on
   the critical path and add to it.
+- **pipeline** (``pp``): each rank computes its stages' share (the model FLOPs / ``pp``),
+  and the step also runs the schedule's fill and drain: compute x ``(m + p - 1) / m`` for
+  ``GPipe`` / ``1F1B``, x ``(m + (p - 1) / v) / m`` interleaved (``m`` microbatches, ``v``
+  stages per rank; Narayanan et al. 2021, sec. 2.2). The stage boundaries' sends (counted
+  once: a receive is the other end of a send, on a full-duplex link) are on the critical
+  path, at the bandwidth of the link between neighbouring stages.
+- **expert parallelism** (``ep``): the all-to-alls move ``S (n-1)/n`` per rank (balanced
+  routing: what a rank keeps for its own experts does not cross a link) and are on the
+  critical path (the experts wait for their tokens).
 - **CPU offload** (FSDP2's ``CPUOffloadPolicy``): the sharded parameters cross PCIe to the
   device twice (forward and backward), the sharded gradients once back (at
   ``pcie_gbps``, default 25 GB/s per GPU), and the optimizer step runs on the host,
@@ -77,9 +86,10 @@ def _collective_seconds(entry: Collective, bandwidth_gbps: float, inter: bool) -
     n = max(entry.group_size, 1)
     share = (n - 1) / n
     factor = {"all_reduce": 2 * share, "all_gather": share, "reduce_scatter": share,
-              "all_to_all": share}.get(entry.op, 1.0)
+              "all_to_all": share, "send": 1.0, "recv": 0.0}.get(entry.op, 1.0)
     latency = _LATENCY_INTER_S if inter else _LATENCY_INTRA_S
-    return entry.bytes * factor / (bandwidth_gbps * 1e9) + entry.count * latency
+    calls = 0 if entry.op == "recv" else entry.count
+    return entry.bytes * factor / (bandwidth_gbps * 1e9) + calls * latency
 
 
 def estimate_step(collectives: Iterable[Collective], *, model_flops_per_device: float,
@@ -87,7 +97,7 @@ def estimate_step(collectives: Iterable[Collective], *, model_flops_per_device: 
                   activation_checkpointing: bool, mesh: dict[str, tuple[int, int]],
                   world_size: int, ranks_per_node: int, offload_bytes: int = 0,
                   matmul_efficiency: float = 0.6, pcie_gbps: float = 25.0,
-                  host_gbps: float = 10.0) -> StepEstimate:
+                  host_gbps: float = 10.0, pipeline_bubble: float = 1.0) -> StepEstimate:
     """Estimate one step (see the module docstring for the model).
 
     Args:
@@ -101,10 +111,12 @@ def estimate_step(collectives: Iterable[Collective], *, model_flops_per_device: 
         world_size / ranks_per_node: the job's ranks, and per node.
         offload_bytes: bytes of sharded parameters kept on the host (0: no CPU offload).
         matmul_efficiency / pcie_gbps / host_gbps: see the module docstring.
+        pipeline_bubble: the pipeline schedule's step time over its compute (1: no
+            pipeline; :func:`cadence.planning.stages.bubble_factor`).
     """
     peak = device.peak(precision_key)
     hardware_flops = model_flops_per_device * (4 / 3 if activation_checkpointing else 1.0)
-    compute = hardware_flops / (peak * matmul_efficiency)
+    compute = hardware_flops / (peak * matmul_efficiency) * pipeline_bubble
     comm: dict[str, float] = {}
     for entry in collectives:
         size, stride = mesh.get(entry.dim, (world_size if entry.dim == "world" else
@@ -128,6 +140,9 @@ def estimate_step(collectives: Iterable[Collective], *, model_flops_per_device: 
         f"ring collectives at {device.intra_node_gbps:g} GB/s in a node, "
         f"{device.inter_node_gbps:g} GB/s per GPU across nodes",
     ]
+    if pipeline_bubble > 1:
+        assumptions.append(f"the pipeline's fill and drain add {pipeline_bubble - 1:.0%} to "
+                           f"the compute; stage-boundary sends are not overlapped")
     if offload_bytes:
         assumptions.append(f"CPU offload: 3 PCIe passes over the sharded parameters at "
                            f"{pcie_gbps:g} GB/s and the optimizer step on the host at "

@@ -26,12 +26,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from cadence.config.load import ConfigError, ConfigProblem, TrainConfig, load_config
 from cadence.planning.devices import Device
 
-__all__ = ["Plan", "Remedy", "plan_run", "plan_config", "unsupported_parallelism",
-           "REMEDIES"]
-
-#: ``parallelism_config`` keys of parallelisms the plan does not simulate yet.
-_NOT_YET = ("pp", "ep", "pipeline_parallel_degree", "expert_parallel_degree",
-            "pipeline_parallel", "expert_parallel", "pipeline", "expert")
+__all__ = ["Plan", "Remedy", "plan_run", "plan_config", "REMEDIES"]
 
 
 @dataclass
@@ -111,19 +106,6 @@ class Plan:
         }
 
 
-def unsupported_parallelism(raw: Any) -> Optional[str]:
-    """The refusal for a ``parallelism_config`` that asks for pipeline or expert
-    parallelism (not simulated yet), else ``None``."""
-    if not isinstance(raw, dict):
-        return None
-    asked = [k for k in raw if k in _NOT_YET]
-    if not asked:
-        return None
-    return (f"parallelism_config.{asked[0]}: cadence plan does not simulate pipeline (pp) or "
-            f"expert (ep) parallelism yet; plan the layout without them (FSDP2 x TP), or "
-            f"measure a pipelined run directly.")
-
-
 def plan_run(config: str, overrides: Sequence[str] = (), *, world_size: int, nnodes: int = 1,
              device: Device, ranks: Optional[Sequence[int]] = None,
              seq_len: Optional[int] = None, headroom: float = 0.9,
@@ -144,14 +126,11 @@ def plan_run(config: str, overrides: Sequence[str] = (), *, world_size: int, nno
 
     Raises:
         ConfigError: the run file has problems, the layout does not fit the world size,
-            the global batch does not divide over the data-parallel ranks, or the run asks
-            for pipeline or expert parallelism (each with the message training gives).
+            the global batch does not divide over the data-parallel ranks, or the pipeline
+            cannot run (each with the message training gives).
         ValueError: bad arguments (naming them).
     """
     _check_cluster(world_size, nnodes, headroom)
-    refusal = _raw_refusal(config, overrides)
-    if refusal is not None:
-        raise ConfigError([ConfigProblem("parallelism_config", refusal)], str(config))
     cfg = load_config(config, overrides, world_size=world_size)
     return plan_config(cfg, world_size=world_size, nnodes=nnodes, device=device, ranks=ranks,
                        seq_len=seq_len, headroom=headroom,
@@ -251,12 +230,18 @@ def _plan_once(cfg: TrainConfig, world_size: int, nnodes: int, device: Device,
                                         local_world_size=per_node, global_rank=0)
     except ValueError as exc:
         raise ConfigError([ConfigProblem("parallelism_config", str(exc))]) from None
-    for name in ("pp", "ep"):  # once pipeline/expert parallelism land in ParallelDims
-        if getattr(dims, name, 1) > 1:
-            raise ConfigError([ConfigProblem("parallelism_config", unsupported_parallelism(
-                {name: getattr(dims, name)}) or "")])
     batch = _per_device_batch(cfg, dims.dp_size)
     micro = getattr(cfg, "device_train_microbatch_size", None)
+    pp = parallelism.pp if dims.pp_enabled else None
+    if pp is not None:  # the pipeline's microbatches, as its step counts them
+        _check_pipeline_run(cfg)
+        from cadence.planning.stages import pipeline_microbatches
+
+        try:
+            count = pipeline_microbatches(pp, batch, micro if isinstance(micro, int) else None)
+        except ValueError as exc:
+            raise ConfigError([ConfigProblem("parallelism_config.pp", str(exc))]) from None
+        micro = batch // count
     micro = micro if isinstance(micro, int) else batch
     micro = min(micro, batch)
     model_builder = build_model or (lambda: _meta_model(cfg))
@@ -273,28 +258,43 @@ def _plan_once(cfg: TrainConfig, world_size: int, nnodes: int, device: Device,
     for rank in chosen:
         if not 0 <= rank < world_size:
             raise ValueError(f"--ranks: rank {rank} is not in 0..{world_size - 1}.")
-    simulated = [_in_child(lambda rank=rank: simulate_rank(spec, parallelism, world_size, rank,
-                                                           per_node))
+    if dims.pp_enabled:  # the stages each rank holds, their schedule's order
+        from cadence.planning.stages import simulate_pipeline_rank as simulate
+    else:
+        simulate = simulate_rank
+    simulated = [_in_child(lambda rank=rank: simulate(spec, parallelism, world_size, rank,
+                                                      per_node))
                  for rank in chosen]
     fsdp = parallelism.fsdp
-    flops = _flops_per_device(probe, batch, tokens, dims.tp)
+    flops = _flops_per_device(probe, batch, tokens, dims.tp * dims.pp)
     offload = 0
     if fsdp is not None and fsdp.cpu_offload:  # the sharded state lives on the host
         for r in simulated:
             r.peak_bytes = max(r.peak_bytes - r.params_bytes - r.grads_bytes
                                - r.optimizer_bytes, 0)
         offload = max(r.params_bytes for r in simulated)
-    estimate = estimate_step(
-        simulated[0].collectives, model_flops_per_device=flops,
-        tokens_per_device=batch * tokens / dims.tp, device=device,
+    # every simulated rank's step; the slowest sets the pace (a pipeline's stages wait
+    # for each other, data-parallel ranks at each collective)
+    estimate = max((estimate_step(
+        r.collectives, model_flops_per_device=flops,
+        tokens_per_device=batch * tokens / (dims.tp * dims.pp), device=device,
         precision_key=precision_key(precision, allow_tf32=True),
         activation_checkpointing=bool(fsdp is not None and fsdp.activation_checkpointing),
         mesh=mesh_strides(dims.mesh_shape, dims.mesh_dim_names), world_size=world_size,
-        ranks_per_node=per_node, offload_bytes=offload)
+        ranks_per_node=per_node, offload_bytes=offload,
+        pipeline_bubble=_bubble(pp, dims.pp, spec.num_microbatches)) for r in simulated),
+        key=lambda e: e.step_seconds)
     limit = int(device.memory_bytes * headroom)
     notes = ["torch.compile is not simulated: the step runs eager"] if cfg.compile_config else []
-    if not isinstance(getattr(cfg, "device_train_microbatch_size", None), int):
+    if pp is not None:
+        notes.append(f"pipeline: {pp.schedule}, {spec.num_microbatches} microbatches of "
+                     f"{micro} per step; the activations of the microbatches the schedule "
+                     f"holds in flight on each rank (cadence.planning.stages)")
+    elif not isinstance(getattr(cfg, "device_train_microbatch_size", None), int):
         notes.append(f"microbatch size {micro} (the per-device batch; 'auto' or unset)")
+    if dims.ep_enabled:
+        notes.append("expert parallelism: balanced routing assumed (each rank's experts get "
+                     "an even share of the routed tokens; cadence.planning.experts)")
     return Plan(world_size=world_size, nnodes=nnodes, device=device, layout=dims.describe(),
                 ranks=simulated, estimate=estimate, memory_limit_bytes=limit,
                 fits=all(r.peak_bytes <= limit for r in simulated), notes=notes)
@@ -348,22 +348,31 @@ def _check_cluster(world_size: int, nnodes: int, headroom: float) -> None:
         raise ValueError(f"headroom must be in (0, 1], got {headroom}.")
 
 
-def _raw_refusal(config: str, overrides: Sequence[str]) -> Optional[str]:
-    """The pipeline/expert refusal, read from the raw run file and overrides (before the
-    schema check, which does not know those keys yet)."""
-    from omegaconf import OmegaConf
+def _bubble(pp: Any, degree: int, microbatches: int) -> float:
+    from cadence.planning.stages import bubble_factor
 
-    try:
-        raw = OmegaConf.to_container(OmegaConf.load(config), resolve=False)
-    except Exception:  # noqa: BLE001 - load_config reports a bad file with its own message
-        raw = {}
-    section = raw.get("parallelism_config") if isinstance(raw, dict) else None
-    keys = dict(section) if isinstance(section, dict) else {}
-    for item in overrides:
-        key = item.split("=", 1)[0]
-        if key.startswith("parallelism_config."):
-            keys[key.split(".")[1]] = True
-    return unsupported_parallelism(keys)
+    if pp is None:
+        return 1.0
+    return bubble_factor(pp.schedule, degree, microbatches, int(pp.stages_per_rank or 1))
+
+
+def _check_pipeline_run(cfg: TrainConfig) -> None:
+    """What training refuses under a pipeline and a run file shows (the Trainer's
+    :func:`~cadence.trainer.pipeline_step.check_pipeline_run` and
+    :func:`~cadence.parallel.pipeline.parallelize_pipeline` messages)."""
+    problems = []
+    if getattr(cfg, "device_train_microbatch_size", None) == "auto":
+        problems.append("device_train_microbatch_size='auto': the pipeline's microbatches are "
+                        "fixed; set parallelism_config.pp.microbatch_size or num_microbatches.")
+    if str(getattr(cfg.precision, "value", cfg.precision)) == "amp_fp16":
+        problems.append("precision amp_fp16: the gradient scaler is not wired through the "
+                        "schedule; use amp_bf16 or fp32.")
+    if isinstance(cfg.model, dict) and cfg.model.get("init_device") == "meta":
+        problems.append("parallelism_config.pp: a model on the meta device (init_device: "
+                        "meta) is not supported under pipeline parallelism yet; build it on "
+                        "the CPU.")
+    if problems:
+        raise ConfigError([ConfigProblem("parallelism_config.pp", p) for p in problems])
 
 
 def _per_device_batch(cfg: TrainConfig, dp_size: int) -> int:

@@ -28,13 +28,18 @@ def format_plan(plan: Plan) -> str:
         r.temporary_bytes, r.peak_bytes))) for r in plan.ranks]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
-    lines += ["", "collectives per optimizer step (rank 0's):"]
-    if not plan.ranks[0].collectives:
-        lines.append("  none")
-    for c in plan.ranks[0].collectives:
-        seconds = plan.estimate.comm_seconds.get(c.dim, 0.0)
-        lines.append(f"  {c.dim:<12} {c.op:<15} x{c.count:<6} {format_bytes(c.bytes):>12}"
-                     f"  (group of {c.group_size}; {c.dim} total {seconds * 1e3:.1f} ms)")
+    shown: list[list] = []
+    for r in plan.ranks:  # each rank whose collectives differ (a pipeline's stages)
+        if any(r.collectives == other for other in shown):
+            continue
+        shown.append(r.collectives)
+        lines += ["", f"collectives per optimizer step (rank {r.rank}'s):"]
+        if not r.collectives:
+            lines.append("  none")
+        for c in r.collectives:
+            seconds = plan.estimate.comm_seconds.get(c.dim, 0.0)
+            lines.append(f"  {c.dim:<12} {c.op:<15} x{c.count:<6} {format_bytes(c.bytes):>12}"
+                         f"  (group of {c.group_size}; {c.dim} total {seconds * 1e3:.1f} ms)")
     e = plan.estimate
     lines += ["", f"step: {e.step_seconds * 1e3:.1f} ms (compute {e.compute_seconds * 1e3:.1f} ms"
               + (f", offload {e.offload_seconds * 1e3:.1f} ms" if e.offload_seconds else "")

@@ -40,6 +40,7 @@ from cadence.parallel.param_init import retie_parameters, shared_parameters
 from cadence.parallel.parallel_dims import ParallelDims
 from cadence.parallel.plan import ParallelPlan, parallelize
 from cadence.planning.collectives import Collective, CollectiveCounter, group_names
+from cadence.planning.experts import balanced_routing
 
 __all__ = ["StepSpec", "RankMemory", "fake_process_group", "simulate_rank", "train_step",
            "memory_breakdown", "create_optimizer_state"]
@@ -96,7 +97,8 @@ class RankMemory:
         return {"rank": self.rank, "params_bytes": self.params_bytes,
                 "grads_bytes": self.grads_bytes, "optimizer_bytes": self.optimizer_bytes,
                 "activations_bytes": self.activations_bytes,
-                "temporary_bytes": self.temporary_bytes, "peak_bytes": self.peak_bytes}
+                "temporary_bytes": self.temporary_bytes, "peak_bytes": self.peak_bytes,
+                "collectives": [c.to_dict() for c in self.collectives]}
 
 
 @contextlib.contextmanager
@@ -169,16 +171,55 @@ def memory_breakdown(tracker: Any) -> tuple[int, int, int]:
     return activations, temporaries, kinds.get("Total", 0)
 
 
-def tracker_for(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
-    """PyTorch's memory tracker for ``model``: ``FSDPMemTracker`` for an FSDP2 root, else a
-    ``MemTracker`` told about the model and the optimizer."""
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+def _peak_only(base: type) -> type:
+    """``base`` (``MemTracker`` or ``FSDPMemTracker``) keeping the step's peak only, not
+    each module's: ``MemTracker`` updates every tracked module's peak after every op (a
+    loop over all modules per op: 80 % of planning a 70B model on 512 ranks); the totals by
+    kind and the global peak, which the plan reads, are the same."""
+    from copy import deepcopy
+
+    class PeakOnly(base):  # type: ignore[misc, valid-type]
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            del peak_state
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap["Total"]:
+                    self._peak_mem[dev] = snap["Total"]
+                    self._peak_mem_snap[dev] = deepcopy(snap)
+
+    PeakOnly.__name__ = PeakOnly.__qualname__ = f"PeakOnly{base.__name__}"
+    return PeakOnly
+
+
+def _schedule_mem_tracker() -> Any:
+    """``MemTracker`` that lets a root module run once per microbatch in one step (a
+    pipeline schedule calls each stage's module ``m`` times before the backwards):
+    ``MemTracker`` refuses a second forward of a root module ("multiple iterative calls");
+    this one forgets the module's per-module statistics and tracks it afresh. The totals
+    by kind and the peak, which the plan reads, are unchanged."""
     from torch.distributed._tools.mem_tracker import MemTracker
+
+    class ScheduleMemTracker(_peak_only(MemTracker)):  # type: ignore[misc]
+        def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+            if module in self.memory_tracking and not self._mod_tracker.is_bw:
+                name = self._mod_tracker.get_known_fqn(module)
+                if set(self._mod_tracker.parents) - {name} == {"Global"}:
+                    del self.memory_tracking[module]
+            super()._pre_fw_hook(module, inputs)
+
+    return ScheduleMemTracker()
+
+
+def tracker_for(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+    """PyTorch's memory tracker for ``model``, keeping the step's peak (not each module's:
+    :func:`_peak_only`): ``FSDPMemTracker`` for an FSDP2 root, else a ``MemTracker`` told
+    about the model and the optimizer (one that accepts a module run once per microbatch,
+    as under a pipeline schedule: :func:`_schedule_mem_tracker`)."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(model, FSDPModule):
-        return FSDPMemTracker(model, optimizer)
-    tracker = MemTracker()
+        return _peak_only(FSDPMemTracker)(model, optimizer)
+    tracker = _schedule_mem_tracker()
     tracker.track_external(model, optimizer)
     return tracker
 
@@ -220,6 +261,8 @@ def simulate_rank(spec: StepSpec, parallelism: ParallelismConfig, world_size: in
         ValueError: the layout does not fit (the messages training gives:
             :meth:`ParallelDims.from_config`, the TP plan's checks in ``parallelize``).
         RuntimeError: a process group already exists in this process.
+        ValueError: also for a pipelined layout (``pp > 1``): that is
+            :func:`cadence.planning.stages.simulate_pipeline_rank`'s.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -227,6 +270,10 @@ def simulate_rank(spec: StepSpec, parallelism: ParallelismConfig, world_size: in
     # the layout's own checks, before any process group or model: training's messages
     dims = ParallelDims.from_config(parallelism, world_size=world_size,
                                     local_world_size=local, global_rank=rank)
+    if dims.pp_enabled:
+        raise ValueError("simulate_rank does not run a pipeline's schedule; simulate a "
+                         "pipelined rank (parallelism_config.pp) with cadence.planning.stages"
+                         ".simulate_pipeline_rank.")
     if dims.uses_ddp:
         return _ddp_rank(simulate_rank(spec, parallelism, 1), rank, world_size)
     with fake_process_group(rank, world_size):
@@ -244,8 +291,11 @@ def simulate_rank(spec: StepSpec, parallelism: ParallelismConfig, world_size: in
                      for _ in range(min(spec.num_microbatches, 2))]
             create_optimizer_state(model, optimizer)
             tracker = tracker_for(model, optimizer)
-            counter = CollectiveCounter(group_names(mesh))
-            with counter:
+            names = group_names(mesh)
+            if dims.ep_enabled:  # the experts' mesh: ep and the experts' data-parallel ranks
+                names.update(group_names(dims.expert_mesh))
+            counter = CollectiveCounter(names)
+            with counter, (balanced_routing() if dims.ep_enabled else contextlib.nullcontext()):
                 train_step(model, optimizer, micro, spec.precision, last=tracker)
             state = local_state_bytes(model, optimizer)
         activations, temporaries, peak = memory_breakdown(tracker)
