@@ -455,7 +455,7 @@ def eval_yaml(side: Side, data: Path, checkpoint: Path) -> Path:
     multiple-choice ICL task (0-shot) and the ``text`` eval loader over ``val``."""
     model = textwrap.indent(model_yaml(data), "  ")
     yaml = "max_seq_len: 64\nseed: 17\nprecision: fp32\ndevice_eval_batch_size: 8\n" \
-        "models:\n- model_name: compat_mpt\n" + model[2:] + f"  load_path: {checkpoint}\n" \
+        "models:\n- model_name: compat_mpt\n" + model + f"  load_path: {checkpoint}\n" \
         + textwrap.dedent(f"""\
         icl_tasks:
         - label: shakespeare_mc
