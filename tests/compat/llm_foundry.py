@@ -463,8 +463,7 @@ def eval_yaml(side: Side, data: Path, checkpoint: Path) -> Path:
           num_fewshot: [0]
           icl_task_type: multiple_choice
           continuation_delimiter: ' '
-        """) + text_loader(data, "eval_loader", "val", False).replace(
-            "  name: text\n", "  name: text\n  label: shakespeare_val\n", 1) \
+        """) + text_loader(data, "eval_loader", "val", False) \
         + f"callbacks:\n  compat_record:\n    path: {side.root / 'eval.jsonl'}\n"
     path = side.root / "eval.yaml"
     path.write_text(yaml)
@@ -521,7 +520,7 @@ def step_eval(side: Side, data: Path, batches: int) -> dict:
     table = [line for line in log.splitlines() if line.startswith("|")]
     print(f"{side.name} eval metrics:", json.dumps(metrics), flush=True)
     print("\n".join(table[-3:]))
-    want = {"shakespeare_mc/0-shot", "shakespeare_val"}
+    want = {"shakespeare_mc/0-shot", "eval"}
     if set(metrics) != want or not table:
         raise SystemExit(f"{side.name}: eval recorded {sorted(metrics)}, not {sorted(want)}, "
                          f"or printed no results table; log in {side.root / 'eval.log'}")
