@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from cadence.utils import dist
 
@@ -41,3 +42,53 @@ def test_local_rank_zero_download_and_wait_holds_other_ranks_until_the_file_exis
         seen = target.read_text()
     writer.join()
     assert waiting.is_set() and seen == "x"
+
+
+class _RecordingICLMetric:
+    """The protocol of llm-foundry's ICL metrics: ``needs_batch`` and ``update(batch,
+    outputs, labels)`` returning per-example results."""
+
+    def __init__(self) -> None:
+        import torchmetrics
+
+        class Metric(torchmetrics.Metric):
+            def __init__(self) -> None:
+                super().__init__()
+                self.needs_batch = True
+                self.calls: list[dict] = []
+                self.add_state("n", default=torch.tensor(0), dist_reduce_fx="sum")
+
+            def update(self, batch: dict, outputs: torch.Tensor, labels: torch.Tensor) -> dict:
+                self.calls.append({"batch": batch, "outputs": outputs, "labels": labels})
+                return {"result": [1] * len(labels)}
+
+            def compute(self) -> torch.Tensor:
+                return self.n
+
+            def _wrap_update(self, update):  # llm-foundry's: update's result comes back
+                return update
+
+        self.metric = Metric()
+
+
+def test_hf_update_metric_calls_needs_batch_metrics_as_composer_does() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from cadence.models import HuggingFaceModel
+
+    torch.manual_seed(0)
+    model = HuggingFaceModel(GPT2LMHeadModel(GPT2Config(
+        n_layer=1, n_head=2, n_embd=8, vocab_size=16, n_positions=8)), use_logits=True)
+    batch = {"input_ids": torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]),
+             "attention_mask": torch.ones(2, 4, dtype=torch.long),
+             "labels": torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]), "mode": "icl_task",
+             "continuation_indices": [torch.tensor([3]), torch.tensor([2, 3])]}
+    logits = model.eval_forward(batch)
+    metric = _RecordingICLMetric().metric
+    out = model.update_metric(batch, logits, metric)
+    (call,) = metric.calls
+    assert call["batch"] is batch
+    assert call["outputs"].shape == (2, 4, 16)  # the full logits, not logits[:, :-1]
+    assert call["labels"].tolist() == [[2, 3, 4, -100], [6, 7, 8, -100]]
+    assert batch["labels"].tolist() == [[1, 2, 3, 4], [5, 6, 7, 8]]  # the batch is unchanged
+    assert out == {"result": [1, 1], "metric_name": ["Metric", "Metric"]}
