@@ -92,3 +92,25 @@ def test_hf_update_metric_calls_needs_batch_metrics_as_composer_does() -> None:
     assert call["labels"].tolist() == [[2, 3, 4, -100], [6, 7, 8, -100]]
     assert batch["labels"].tolist() == [[1, 2, 3, 4], [5, 6, 7, 8]]  # the batch is unchanged
     assert out == {"result": [1, 1], "metric_name": ["Metric", "Metric"]}
+
+
+def test_wandb_logger_keeps_composers_init_kwargs_view() -> None:
+    # llm-foundry's tests/utils/test_builders.py::test_build_logger reads it
+    from cadence.loggers import WandBLogger
+
+    logger = WandBLogger(project="foobar", init_kwargs={"config": {"foo": "bar"}})
+    assert logger._init_kwargs == {"config": {"foo": "bar"}, "project": "foobar"}
+    assert type(logger._init_kwargs["config"]) is dict
+    assert WandBLogger(tags=["a"], init_kwargs={"tags": ["b"], "notes": "n"})._init_kwargs \
+        == {"tags": ["a"], "notes": "n"}  # the explicit argument wins, as in Composer
+
+
+def test_generate_takes_composers_signature() -> None:
+    # llm-foundry's tests/callbacks/test_callbacks.py::test_build_callback reads the type
+    # hints and builds Generate(prompts=[], interval='')
+    import typing
+
+    from cadence.callbacks import Generate
+
+    assert typing.get_type_hints(Generate.__init__)["prompts"] == list[str]
+    assert Generate(prompts=[], interval="").prompts == []
