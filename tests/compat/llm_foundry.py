@@ -48,11 +48,13 @@ Steps (default: ``install pretrain finetune eval autoresume``; ``all`` runs ever
     lags one batch, README "Coming from Composer").
 ``foundry-tests``
     llm-foundry's own tests (``--foundry-src``: a checkout of mosaicml/llm-foundry at
-    commit 8c8dd48, the 0.22.0 release) with ``-m 'not gpu and not remote and not daily'``,
-    offline, a 300 s per-test timeout, ``nice -n 10``: once on Composer (unrenamed) and
-    once on cadence (the checkout's ``tests/`` renamed). Results are kept as JUnit XML in
-    ``foundry-tests/`` and reused (delete it to rerun); the step prints both counts and
-    every test that passes on Composer and not on cadence.
+    commit 8c8dd48, the 0.22.0 release) with ``-m 'not gpu and not remote and not daily'``
+    and ``--ignore tests/models`` (2,541 parametrized architecture tests: hours on 2
+    cores), offline, a 300 s per-test timeout, ``nice -n 10``, both sides at once: on
+    Composer (unrenamed) and on cadence (the checkout's ``tests/`` and ``scripts/``
+    renamed). Results are kept as JUnit XML in ``foundry-tests/`` and reused (delete a
+    side's XML to rerun it); the step prints both counts and every test that passes on
+    Composer and not on cadence.
 ``report``
     Prints the tables of the measured steps from ``results.json``.
 
