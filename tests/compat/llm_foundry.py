@@ -83,6 +83,19 @@ DEFAULT_WORK = Path.home() / ".cache" / "cadence" / "compat" / "llm-foundry-0.22
 STEPS = ["install", "pretrain", "finetune", "eval", "autoresume", "composer",
          "foundry-tests", "report"]
 DEFAULT_STEPS = ["install", "pretrain", "finetune", "eval", "autoresume"]
+#: ``--help``'s list (the module docstring has the details).
+STEP_HELP = {
+    "install": "build venv/ (llm-foundry, streaming, pins), rename Composer, make data/",
+    "pretrain": "train.py: MPT on the MDS data, cosine schedule; the loss must fall",
+    "finetune": "train.py: the finetuning loader over JSON lines; the loss must fall",
+    "eval": "a constant-rate run, then eval.py on its checkpoint (ICL + eval loader)",
+    "autoresume": "SIGKILL the pretrain run after a checkpoint, relaunch: equal losses",
+    "composer": "build composer-venv/ (mosaicml 0.32.1), same YAMLs: loss/metric tables",
+    "foundry-tests": "llm-foundry's own tests on Composer and on cadence (--foundry-src)",
+    "report": "print the tables of the steps measured so far (results.json)",
+    "all": "every step above",
+    "cached": "the steps whose virtualenvs and inputs are already in --work, then report",
+}
 #: Exit status of an install that could not reach a package index (``EX_TEMPFAIL``).
 EXIT_NO_INDEX = 75
 #: Relative tolerance of the Composer calibration.
@@ -674,16 +687,19 @@ def step_foundry_tests(sides: dict[str, Side], foundry_src: Path | None) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="steps: " + ", ".join(STEPS) + ", all, cached (see the module docstring)",
+        epilog="steps (details in the module docstring):\n" + "\n".join(
+            f"  {name:14} {text}" for name, text in STEP_HELP.items()),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("steps", nargs="*", metavar="STEP",
-                        choices=[*STEPS, "all", "cached", []],
                         help=f"default: {' '.join(DEFAULT_STEPS)}")
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK)
     parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--foundry-src", type=Path, default=None,
                         help=f"a checkout of mosaicml/llm-foundry at {FOUNDRY_COMMIT}")
     args = parser.parse_args()
+    unknown = [step for step in args.steps if step not in STEP_HELP]
+    if unknown:
+        parser.error(f"unknown step(s) {unknown}; choose from {', '.join(STEP_HELP)}")
     steps = args.steps or DEFAULT_STEPS
     if "all" in steps:
         steps = STEPS

@@ -77,6 +77,17 @@ def test_rename_reaches_every_composer_import_form(tmp_path: Path) -> None:
         "mock.patch('cadence.utils.get_file')\ncomposer_model = 1  # composer stays in prose\n")
 
 
+def test_help_lists_every_step_and_an_unknown_step_is_refused() -> None:
+    out = subprocess.run([sys.executable, str(SCRIPT), "--help"], text=True,
+                         capture_output=True, check=True)
+    for step in ("install", "pretrain", "finetune", "eval", "autoresume", "composer",
+                 "foundry-tests", "report", "all", "cached"):
+        assert f"\n  {step} " in out.stdout, step
+    bad = subprocess.run([sys.executable, str(SCRIPT), "evaluate"], text=True,
+                         capture_output=True)
+    assert bad.returncode == 2 and "unknown step(s) ['evaluate']" in bad.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_llm_foundry_trains_evaluates_and_autoresumes_as_on_composer() -> None:
