@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from cadence.registry import callbacks
 from cadence.core import Callback, Event, Time
@@ -44,15 +44,17 @@ class Generate(Callback):
         kwargs: passed to ``generate`` (``max_new_tokens=``, ``do_sample=``, ``top_p=``...).
 
     Raises:
-        ValueError: ``prompts`` is empty or not all strings; ``batch_size`` < 1; (at
-            ``FIT_START``) an empty prompt, or one whose tokens plus ``max_new_tokens`` pass
+        ValueError: ``prompts`` is not a list of strings; ``batch_size`` < 1; (at
+            ``FIT_START``) no prompts, an empty prompt, or one whose tokens plus ``max_new_tokens`` pass
             the model's context; (at the event) the model cannot generate or has no
             tokenizer.
     """
 
-    def __init__(self, prompts: Sequence[str], interval: Union[str, int, Time],
+    def __init__(self, prompts: list[str], interval: Union[str, int, Time],
                  batch_size: Optional[int] = None, **kwargs: Any) -> None:
-        if isinstance(prompts, str) or not prompts or not all(isinstance(p, str) for p in prompts):
+        # an empty list is accepted here (Composer's signature, which llm-foundry's registry
+        # test builds with prompts=[]) and refused at FIT_START
+        if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
             raise ValueError(f"Generate prompts must be a non-empty list of strings, got "
                              f"{prompts!r}.")
         if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) < 1):
@@ -71,6 +73,8 @@ class Generate(Callback):
             ValueError: naming the prompt (1-based), its length and the limit.
         """
         del logger
+        if not self.prompts:
+            raise ValueError("Generate prompts must be a non-empty list of strings, got [].")
         model = getattr(state.model, "module", state.model)
         tokenizer = getattr(model, "tokenizer", None)
         if tokenizer is None or not callable(getattr(model, "generate", None)):

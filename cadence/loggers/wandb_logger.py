@@ -121,6 +121,12 @@ class WandBLogger(TrackerDestination):
         self.group = group
         self.dir = dir
         self.init_kwargs = init_kwargs
+        # Composer's view of the same (llm-foundry's tests read it): ``init_kwargs`` (its
+        # ``config`` included) with the explicit arguments that are not None set on it
+        self._init_kwargs: dict[str, Any] = {**init_kwargs, **{
+            key: value for key, value in (("project", project), ("group", group),
+                                          ("name", name), ("entity", entity), ("tags", tags))
+            if value is not None}}
         self.log_artifacts = bool(log_artifacts)
         self._renamed_noted = False
         self._run: Any = None
@@ -136,7 +142,7 @@ class WandBLogger(TrackerDestination):
         rank that does not log)."""
         return self._run
 
-    def _init_kwargs(self, state: State) -> dict[str, Any]:
+    def _wandb_init_kwargs(self, state: State) -> dict[str, Any]:
         run_name = state.run_name
         name = self._rank_name(self.name if self.name is not None else run_name)
         group = self.group
@@ -169,7 +175,7 @@ class WandBLogger(TrackerDestination):
         if self._run is not None or self._finished or not self._enabled():
             return
         wandb = self.import_package()
-        self._run = wandb.init(config=self._pending_config or None, **self._init_kwargs(state))
+        self._run = wandb.init(config=self._pending_config or None, **self._wandb_init_kwargs(state))
         self._run_id = str(self._run.id)
         self._pending_config = {}
         pending, self._pending_metrics = self._pending_metrics, []

@@ -391,8 +391,16 @@ class HuggingFaceModel(ComposerModel):
         return copy.deepcopy(self._train_metrics if is_train else self._eval_metrics)
 
     def update_metric(self, batch: Mapping[str, Any], outputs: Any,
-                      metric: torchmetrics.Metric) -> None:
+                      metric: torchmetrics.Metric) -> Optional[dict]:
         """Update ``metric`` with one batch's logits and ``batch["labels"]``.
+
+        A metric with ``needs_batch = True`` (llm-foundry's in-context-learning metrics) is
+        called as Composer calls it: ``metric.update(batch=batch, outputs=logits,
+        labels=labels)`` with the full ``[batch, seq, vocab]`` logits and, for a causal LM
+        or an ICL batch (``batch["mode"] == "icl_task"``), the labels shifted one token left
+        (``labels[:, i]`` is the token after position ``i``; the last is ``-100``). What it
+        returns (per-example results) comes back with ``metric_name`` added, one per row;
+        other metrics return ``None``.
 
         With ``shift_labels`` (causal LMs by default) token-level logits are aligned to
         the next token first: ``logits[:, :-1]`` ``[batch, seq-1, vocab]`` against
@@ -413,6 +421,13 @@ class HuggingFaceModel(ComposerModel):
                 "set to -100)."
             )
         labels = batch["labels"]
+        if getattr(metric, "needs_batch", False):
+            if self.shift_labels or batch.get("mode") == "icl_task":
+                labels = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], 1)
+            result = metric.update(batch=batch, outputs=logits, labels=labels)
+            if result is None:
+                return None
+            return {**result, "metric_name": [type(metric).__name__] * len(labels)}
         if self.shift_labels:
             if logits.dim() != 3:
                 raise ValueError(
@@ -422,6 +437,7 @@ class HuggingFaceModel(ComposerModel):
                 )
             logits, labels = logits[:, :-1], labels[:, 1:]
         metric.update(logits, labels)
+        return None
 
     def num_tokens(self, batch: Any) -> int:
         """Real (non-padding) tokens in ``batch``: the ones in ``attention_mask`` if present,

@@ -391,17 +391,23 @@ def run_local_rank_zero_first() -> Iterator[None]:
             torch_dist.barrier()
 
 
-def local_rank_zero_download_and_wait(expected_file_path: str) -> None:
-    """Wait until local rank 0 has made ``expected_file_path`` (call after rank 0 wrote it).
+@contextmanager
+def local_rank_zero_download_and_wait(expected_file_path: str) -> Iterator[None]:
+    """A block that local rank 0 runs to make ``expected_file_path`` (e.g. download it);
+    Composer's context manager. The other local ranks first wait, polling every 0.1 s,
+    until the file exists, then run the block too (typically skipping the download). It
+    needs no process group, only ``LOCAL_RANK``; it never times out.
 
-    Raises:
-        FileNotFoundError: the file does not exist on this rank after rank 0 finished.
+    ::
+
+        with dist.local_rank_zero_download_and_wait(path):
+            if dist.get_local_rank() == 0:
+                get_file(uri, path)
     """
-    barrier()
-    if not os.path.exists(expected_file_path):
-        raise FileNotFoundError(
-            f"{expected_file_path} was not created by local rank 0; is the folder shared?"
-        )
+    if get_local_rank() != 0:
+        while not os.path.exists(expected_file_path):
+            time.sleep(0.1)
+    yield
 
 
 def get_node_signal_file_name(rng: Optional[random.Random] = None) -> str:
