@@ -142,7 +142,10 @@ def run_suite(python: Path, src: Path, timeout: int, only: list[str], junit: Pat
         ignores += ["--deselect" if "::" in path else "--ignore", path]
     cmd = ["nice", "-n", "10", str(python), "-m", "pytest", *(only or ["tests"]), *ignores,
            f"--timeout={timeout}", "-p", "no:cacheprovider", "-q", "-rN",
-           "--continue-on-collection-errors",
+           "--continue-on-collection-errors", "--color=no",
+           # native tracebacks: pytest's own formatter re-parses each frame's source and
+           # crashes (an INTERNALERROR that ends the run) on one of Composer's failures
+           "--tb=native",
            f"--junitxml={junit}", "-o", "junit_family=xunit1"]
     print("+", " ".join(cmd), flush=True)
     return subprocess.run(cmd, cwd=src, env=env).returncode
