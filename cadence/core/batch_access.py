@@ -32,8 +32,19 @@ def _getter_setter_pair(key: Any) -> bool:
     return True
 
 
+def _array_index(batch: Any, key: Any) -> Any:
+    """A list of slices (``[slice(2, 4), slice(1, 3)]``) into a tensor or array as the tuple
+    it means (``batch[2:4, 1:3]``, Composer's semantics): torch and numpy deprecate indexing
+    with a list that holds slices. Any other key is returned as it is."""
+    if (isinstance(key, list) and hasattr(batch, "shape")
+            and any(isinstance(k, slice) or k is Ellipsis or k is None for k in key)):
+        return tuple(key)
+    return key
+
+
 def get_item(batch: Any, key: BatchKey) -> Any:
     """Composer's ``batch_get``: see :func:`cadence.utils.batch_helpers.batch_get`."""
+    key = _array_index(batch, key)
     if _getter_setter_pair(key):
         return key[0](batch)
     if callable(key):
@@ -83,6 +94,7 @@ def _set_one(batch: Any, key: Any, value: Any) -> Any:
 
 def set_item(batch: Any, key: BatchKey, value: Any) -> Any:
     """Composer's ``batch_set``: see :func:`cadence.utils.batch_helpers.batch_set`."""
+    key = _array_index(batch, key)
     if _getter_setter_pair(key):
         return key[1](batch, value)
     if callable(key):

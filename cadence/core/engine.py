@@ -77,8 +77,8 @@ def _overrides(callback: Any, event: Event) -> bool:
 def _may_match(algorithm: Any, event: Event) -> bool:
     """Whether ``algorithm`` is asked to ``match`` ``event``: a real Algorithm names its
     ``events`` (``None``: any); any other object with ``match``/``apply`` is always asked."""
-    if not isinstance(algorithm, Algorithm):
-        return True
+    if not isinstance(algorithm, Algorithm) or "match" in vars(algorithm):
+        return True  # duck-typed, or its match replaced on the instance (a test's Mock)
     events = algorithm.events
     return events is None or event in events
 
@@ -169,11 +169,11 @@ class Engine:
         self.state = state
         self.logger = logger
         self.algorithm_passes: list[AlgorithmPass] = list(passes)
-        self._closed = False
         self._open_spans: set[str] = set()  # BEFORE_* ... AFTER_* spans being profiled
         for spec in _pass_specs(algorithm_passes):
             self.register_pass(*spec)
         self.refresh(destinations)
+        self._closed = False  # last: an engine whose __init__ raised has nothing to close
         ref = weakref.ref(self)
         atexit.register(lambda: (e := ref()) is not None and e.close())
 
@@ -258,7 +258,7 @@ class Engine:
             for callback in callbacks:
                 callback.run_event(event, state, logger)
             return self._run_algorithms(event)
-        traces = self._run_algorithms(event) if algorithms else {}
+        traces = self._run_algorithms(event)  # cheap when none may match and no pass was added
         if event in _CHECKPOINT_EVENTS:
             self._run_all_then_raise(event, [*callbacks, *destinations])
             return traces
@@ -288,15 +288,19 @@ class Engine:
     def _run_algorithms(self, event: Event) -> Traces:
         state = self.state
         matched = [a for a in self._algorithms[event] if a.match(event, state)]
-        if not matched:
-            return {}
+        if not matched and all(p in DEFAULT_PASSES for p in self.algorithm_passes):
+            return {}  # a registered pass may add algorithms even where none matched
         for algorithm_pass in self.algorithm_passes:
             matched = algorithm_pass(matched, event)
         traces: Traces = {}
         for order, algorithm in enumerate(matched):
             exit_code = algorithm.apply(event, state, self.logger)
-            traces[f"{type(algorithm).__name__}/{event.name}"] = Trace(name=type(algorithm).__name__, event=event,
-                                                   exit_code=exit_code, order=order, run=True)
+            name = type(algorithm).__name__
+            key = f"{name}/{event.name}"
+            if key in traces:  # two instances of one class: each its own trace
+                key = f"{name}#{order}/{event.name}"
+            traces[key] = Trace(name=name, event=event, exit_code=exit_code, order=order,
+                                run=True)
         return traces
 
     def close(self) -> None:
@@ -343,7 +347,7 @@ def _pass_specs(algorithm_passes: Any) -> list[tuple[AlgorithmPass, int]]:
     if algorithm_passes is None:
         return []
     if callable(algorithm_passes) or (
-        isinstance(algorithm_passes, tuple) and len(algorithm_passes) == 2
+        isinstance(algorithm_passes, (tuple, list)) and len(algorithm_passes) == 2
         and callable(algorithm_passes[0]) and isinstance(algorithm_passes[1], int)
     ):
         algorithm_passes = [algorithm_passes]

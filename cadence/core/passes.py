@@ -22,6 +22,7 @@ from cadence.core.event import Event
 
 __all__ = [
     "AlgorithmPass", "reverse_on_after_events", "set_filo_order", "sort_to_front",
+    "sort_selective_backprop_first", "sort_low_precision_layernorm_last",
     "sort_to_back", "warn_if_multiple_loss_interpolation", "DEFAULT_PASSES",
     "order_algorithms",
 ]
@@ -74,8 +75,33 @@ def warn_if_multiple_loss_interpolation(algorithms: Sequence[T], event: Event) -
     return algorithms
 
 
+def _is_cadence_algorithm(item: Any, name: str) -> bool:
+    """Whether ``item`` is (a subclass of) cadence's algorithm class ``name``; by name, as
+    ``cadence.core`` imports nothing from ``cadence.algorithms``."""
+    return any(cls.__name__ == name and cls.__module__.startswith("cadence.algorithms.")
+               for cls in type(item).__mro__)
+
+
+def sort_selective_backprop_first(algorithms: Sequence[T], event: Event) -> Sequence[T]:
+    """Run ``SelectiveBackprop`` before the other algorithms (Composer's pass): it scores the
+    batch by loss at ``AFTER_DATALOADER``, which must see the batch before augmentations
+    (MixUp, CutMix, ...) change it. Stable for the rest."""
+    del event
+    return sorted(algorithms, key=lambda a: not _is_cadence_algorithm(a, "SelectiveBackprop"))
+
+
+def sort_low_precision_layernorm_last(algorithms: Sequence[T], event: Event) -> Sequence[T]:
+    """Run ``LowPrecisionLayerNorm`` after the other algorithms (Composer's pass), so the
+    LayerNorms that they add (e.g. ``GatedLinearUnits``) are converted too. Stable for the
+    rest."""
+    del event
+    return sorted(algorithms, key=lambda a: _is_cadence_algorithm(a, "LowPrecisionLayerNorm"))
+
+
+#: Composer's default passes, in its order.
 DEFAULT_PASSES: tuple[AlgorithmPass, ...] = (
-    reverse_on_after_events, warn_if_multiple_loss_interpolation,
+    sort_selective_backprop_first, sort_low_precision_layernorm_last, reverse_on_after_events,
+    warn_if_multiple_loss_interpolation,
 )
 
 

@@ -266,7 +266,7 @@ class State:
             self._dataloader_len = Time.from_input(dataloader_len, TimeUnit.BATCH)
         self._optimizers: list[torch.optim.Optimizer] = as_list(optimizers)
         self._schedulers: list[Any] = as_list(schedulers)
-        self.algorithms: list[Any] = as_list(algorithms)
+        self.algorithms = algorithms
         self.callbacks: list[Any] = as_list(callbacks)
         self.timestamp = Timestamp() if timestamp is None else timestamp
         self.previous_timestamp: Optional[Timestamp] = None
@@ -411,6 +411,16 @@ class State:
                              "a label, e.g. 'train' or the evaluator's label.")
         self._dataloader, self._dataloader_label = dataloader, dataloader_label
         self.dataloader_len = dataloader_len
+
+    @property
+    def algorithms(self) -> list[Any]:
+        """The run's algorithms, a list (Composer keeps them in ``state._algorithms``, which
+        its tests assign; both names are the same list here)."""
+        return self._algorithms
+
+    @algorithms.setter
+    def algorithms(self, value: Any) -> None:
+        self._algorithms = as_list(value)
 
     @property
     def stop_training(self) -> _StopTraining:

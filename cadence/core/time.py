@@ -105,6 +105,12 @@ def _whole(value: Any, unit: TimeUnit) -> int:
     )
 
 
+
+class TimeInputError(TypeError, RuntimeError):
+    """``Time.from_input`` got neither a Time, a time string nor a number: a ``TypeError``
+    (cadence's) and a ``RuntimeError`` (what Composer raises, and its code catches)."""
+
+
 class Time(Generic[TValue]):
     """An amount of training time: ``value`` in ``unit``. ``Time[int]`` / ``Time[float]``
     in annotations.
@@ -220,7 +226,7 @@ class Time(Generic[TValue]):
                     f"e.g. '{i}ba'."
                 )
             return cls(i, default_int_unit)
-        raise TypeError(f"Cannot make a Time from {i!r} (type {type(i).__name__}); give a "
+        raise TimeInputError(f"Cannot make a Time from {i!r} (type {type(i).__name__}); give a "
                         f"Time, a time string such as '10ba', or a number with a unit.")
 
     @classmethod

@@ -53,7 +53,10 @@ def eval_due(state: State, interval: EvalInterval, event: Event) -> bool:
     assert state.max_duration is not None
     if interval.unit != TimeUnit.DURATION and interval.value <= 0:
         return False  # eval_interval=0 turns evaluation off (Composer's)
-    interval = state.to_time(interval)
+    if interval.unit != TimeUnit.DURATION:
+        interval = state.to_time(interval)
+    # 'dur' stays a fraction: interval_crossed counts it in max_duration's unit (batches for
+    # epochs), rounded up, as Composer's create_interval_scheduler does
     ends_in_epochs = state.max_duration.unit == TimeUnit.EPOCH
     value = float(interval.value)
     if interval.unit == TimeUnit.EPOCH:

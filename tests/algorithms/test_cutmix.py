@@ -118,3 +118,21 @@ def test_loss_falls_with_cutmix() -> None:
 def test_constructor_rejects_negative_alpha() -> None:
     with pytest.raises(ValueError, match="alpha must be >= 0"):
         CutMix(alpha=-1)
+
+
+def test_composers_rand_bbox_signature_gives_the_box_cutmix_batch_pastes() -> None:
+    """Composer's tests call the private ``_rand_bbox(W=, H=, cutmix_lambda=, cx=, cy=,
+    uniform_sampling=)``; ``W`` runs along dim -2, and the box is what cutmix_batch pastes."""
+    from cadence.algorithms.cutmix.cutmix import _rand_bbox
+
+    # lambda 0.75: sides scaled by sqrt(0.25) = 0.5 -> cut 4 along W=8, 3 along H=6
+    assert _rand_bbox(W=8, H=6, cutmix_lambda=0.75, cx=4, cy=3) == (2, 2, 6, 4)
+    assert _rand_bbox(W=8, H=6, cutmix_lambda=0.75, cx=0, cy=5,
+                      uniform_sampling=True) == (0, 4, 2, 6)  # clipped at the borders
+    x = torch.arange(2 * 8 * 6, dtype=torch.float32).reshape(2, 1, 8, 6)
+    mixed, _, area, bbox = cutmix_batch(x, torch.tensor([0, 1]), bbox=(2, 2, 6, 4),
+                                        indices=torch.tensor([1, 0]))
+    assert bbox == (2, 2, 6, 4) and area == pytest.approx(1 - 8 / 48)
+    assert torch.equal(mixed[0, :, 2:6, 2:4], x[1, :, 2:6, 2:4])
+    mixed[0, :, 2:6, 2:4] = x[0, :, 2:6, 2:4]
+    assert torch.equal(mixed[0], x[0])

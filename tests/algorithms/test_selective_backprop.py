@@ -118,3 +118,28 @@ def test_resume_mid_selection_is_exact(tmp_path: Path, at: int) -> None:
     for (name, a), b in zip(straight.state.model.named_parameters(),
                             resumed.state.model.parameters()):
         assert torch.equal(a, b), name
+
+
+def test_a_composer_classifier_is_scored_with_its_own_loss() -> None:
+    """``ComposerClassifier.module`` is its network, not a DDP wrapper: the scoring loss is
+    the classifier's ``loss(outputs, batch, reduction='none')`` (Composer's contract)."""
+    from tests.algorithms.vision_helpers import run_vision_trainer, tiny_classifier
+
+    class Sizes(Callback):
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        def before_forward(self, state: State, logger: Any) -> None:
+            self.sizes.append(int(state.batch[0].shape[0]))
+
+    sizes = Sizes()
+    run_vision_trainer(tiny_classifier(), [SelectiveBackprop(start=0.0, end=1.0, keep=0.5,
+                                                             interrupt=0)],
+                       steps=3, callbacks=[sizes])
+    assert sizes.sizes == [4, 4, 4]  # batches of 8, half kept
+
+
+def test_select_using_loss_refuses_a_loss_without_reduction() -> None:
+    x, y = torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)
+    with pytest.raises(TypeError, match="must take a keyword argument `reduction`"):
+        select_using_loss(x, y, lambda v: v, lambda o, t: o.sum(1))

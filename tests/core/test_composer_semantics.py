@@ -206,3 +206,24 @@ def test_busy_wait_for_local_rank_zero(tmp_path: Path) -> None:
     assert made.read_text() == "done"  # rank 1 got here only after rank 0 left the block
     dist.barrier()
     assert [p.name for p in folder.iterdir()] == ["made-by-rank-0"]  # signal file removed
+
+
+def test_batch_get_and_set_take_a_list_of_slices_into_a_tensor_without_torchs_warning() -> None:
+    """Composer's ``batch_get(t, [slice(2, 4), slice(1, 3)])`` is ``t[2:4, 1:3]``; torch
+    deprecates (warns on) a list holding slices as an index, so it is read as the tuple."""
+    import warnings
+
+    import numpy as np
+    import torch
+
+    from cadence.utils.batch_helpers import batch_get, batch_set
+
+    t = torch.arange(15).reshape(5, 3)
+    key = [slice(2, 4), slice(1, 3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert batch_get(t, key).tolist() == [[7, 8], [10, 11]]
+        out = batch_set(t, key, torch.tensor([[0, 0], [0, 0]]))
+        assert out is t and t[2:4, 1:3].sum() == 0 and t.sum() == 105 - 36
+        assert batch_get(np.arange(6).reshape(2, 3), [slice(None), 1]).tolist() == [1, 4]
+    assert batch_get(t, [0, 1]).tolist() == [[0, 1, 2], [3, 4, 5]]  # rows, as before

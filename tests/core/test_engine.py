@@ -286,3 +286,46 @@ def test_a_callback_still_open_in_another_engine_is_refused_at_init() -> None:
                                            "or logger from a previous trainer.*_IsClosed"):
         Engine(state, logger=None).run_event(Event.INIT)
     first.close()
+
+
+def test_a_registered_pass_runs_where_no_algorithm_matched_and_each_instance_is_traced() -> None:
+    """Composer's ``register_pass`` contract: a pass may add algorithms (so it runs even when
+    none matched), and two algorithms of one class each get a trace, ``order`` their place."""
+    calls: list[str] = []
+
+    class Echo(Algorithm):
+        def __init__(self, code: int) -> None:
+            self.code = code
+
+        def match(self, event: Event, state: State) -> bool:
+            return event == Event.BATCH_START
+
+        def apply(self, event: Event, state: State, logger: Any) -> int:
+            calls.append(f"{self.code}:{event.value}")
+            return self.code
+
+    state = State(model=torch.nn.Linear(1, 1), algorithms=[])
+    engine = Engine(state, logger=None)
+    engine.register_pass(lambda algorithms, event: [*algorithms, Echo(7), Echo(8)])
+    traces = engine.run_event(Event.BATCH_START)
+    assert [(t.exit_code, t.order) for t in traces.values()] == [(7, 0), (8, 1)]
+    assert calls == ["7:batch_start", "8:batch_start"]
+    assert list(traces) == ["Echo/BATCH_START", "Echo#1/BATCH_START"]
+
+
+def test_a_pass_index_pair_may_be_a_list_and_state_algorithms_is_composers_private_list() -> None:
+    def by_name(algorithms: Any, event: Event) -> Any:
+        return sorted(algorithms, key=lambda a: type(a).__name__)
+
+    state = State(model=torch.nn.Linear(1, 1))
+    assert Engine(state, None, algorithm_passes=[by_name, 0]).passes[0] is by_name
+    assert Engine(state, None, algorithm_passes=[(by_name, 1)]).passes[1] is by_name
+    with pytest.raises(ValueError, match="neither a pass"):
+        Engine(state, None, algorithm_passes=[by_name, "first"])
+    calls: list[str] = []
+    state._algorithms = [Recorder("a", calls)]  # Composer's tests assign the private list
+    assert state.algorithms is state._algorithms
+    Engine(state, None).run_event(Event.BEFORE_FORWARD)
+    assert calls == ["a:before_forward"]
+    state.algorithms = Recorder("b", calls)  # one algorithm: a list of one
+    assert [a._name for a in state.algorithms] == ["b"]

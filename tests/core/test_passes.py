@@ -37,3 +37,22 @@ def test_warns_when_several_algorithms_interpolate_the_loss() -> None:
     assert warn_if_multiple_loss_interpolation(algos, Event.BEFORE_LOSS) is algos
     with pytest.warns(UserWarning, match="interpolate the loss"):
         warn_if_multiple_loss_interpolation([Interp(), Interp()], Event.BEFORE_LOSS)
+
+
+def test_default_passes_run_selective_backprop_first_and_low_precision_layernorm_last() -> None:
+    """Composer's two ordering passes are defaults; subclasses count, other classes with the
+    same name (outside cadence.algorithms) do not."""
+    from cadence.algorithms import LowPrecisionLayerNorm, MixUp, SelectiveBackprop
+    from cadence.core.passes import DEFAULT_PASSES, order_algorithms
+
+    class MySB(SelectiveBackprop):
+        pass
+
+    class LowPrecisionLayerNormLookalike:
+        pass
+
+    lpln, mix, sb, other = LowPrecisionLayerNorm(), MixUp(), MySB(), LowPrecisionLayerNormLookalike()
+    assert list(order_algorithms([lpln, mix, other, sb], Event.INIT)) == [sb, mix, other, lpln]
+    # on an AFTER_* event the reversal comes after the sorts, as in Composer
+    assert list(order_algorithms([lpln, mix, sb], Event.AFTER_LOSS)) == [lpln, mix, sb]
+    assert DEFAULT_PASSES[-2:] == (reverse_on_after_events, warn_if_multiple_loss_interpolation)

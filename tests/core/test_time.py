@@ -209,3 +209,13 @@ def test_to_next_batch_is_cheap() -> None:
     ts = Timestamp()
     per_call = min(timeit.repeat(lambda: ts.to_next_batch(8, 512), number=2000, repeat=3)) / 2000
     assert per_call < 50e-6, f"to_next_batch took {per_call * 1e6:.1f} us"
+
+
+def test_from_input_of_none_raises_what_composer_and_cadence_catch() -> None:
+    from cadence.core.time import Time
+
+    for bad in (None, [123]):
+        with pytest.raises(RuntimeError, match="Cannot make a Time from"):
+            Time.from_input(bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="Cannot make a Time from"):
+            Time.from_input(bad)  # type: ignore[arg-type]

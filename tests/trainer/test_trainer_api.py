@@ -242,3 +242,23 @@ def test_profiler_argument_takes_the_profiler_callback(tmp_path: Path) -> None:
     trainer.fit()
     trainer.close()
     assert list(tmp_path.rglob("*.json"))  # the profiler ran and wrote its trace
+
+
+@pytest.mark.parametrize("max_duration,num_batches,expected", [
+    ("13sp", 13, [2, 4, 6, 8, 10, 12, 13]),  # ceil(1.3) = 2 samples (round would say 1)
+    ("4ep", 3, [5, 10, 12]),  # epochs count batches: ceil(0.35 * 4 * 3) = 5, then the end
+])
+def test_a_dur_eval_interval_is_rounded_up_in_max_durations_unit(
+        max_duration: str, num_batches: int, expected: list[int]) -> None:
+    """Composer's rule (``create_interval_scheduler``): ``'0.1dur'`` of ``13sp`` evaluates
+    every ``ceil(1.3) = 2`` samples; of epochs, every ``ceil(fraction * batches)`` batches."""
+    calls = Calls()
+    interval = "0.1dur" if max_duration.endswith("sp") else "0.35dur"
+    trainer = _trainer(max_duration=max_duration,
+                       train_dataloader=make_dataloader(num_batches=num_batches,
+                                                        batch_size=1 if num_batches == 13 else 4),
+                       eval_dataloader=make_dataloader(num_batches=1),
+                       eval_interval=interval, callbacks=[calls])
+    trainer.fit()
+    trainer.close()
+    assert calls.eval_batches == expected

@@ -92,7 +92,7 @@ def cutmix_batch(
         else:
             ratio = float(np.sqrt(1.0 - _gen_cutmix_coef(alpha)))
             cut_h, cut_w = int(height * ratio), int(width * ratio)
-        bbox = _rand_bbox(height, width, cut_h, cut_w, uniform_sampling)
+        bbox = _box(height, width, cut_h, cut_w, uniform_sampling)
     r1, c1, r2, c2 = (int(v) for v in bbox)
     indices = _check_indices(indices, input.shape[0], "cutmix_batch", input.device)
     mixed = input.clone()
@@ -106,16 +106,30 @@ def _gen_cutmix_coef(alpha: float) -> float:
     return float(np.random.beta(alpha, alpha)) if alpha > 0 else 0.0
 
 
-def _rand_bbox(height: int, width: int, cut_h: int, cut_w: int, uniform_sampling: bool) -> BBox:
-    """A ``cut_h x cut_w`` box (rounded down to even sides) at a random centre, clipped."""
-    if uniform_sampling:
-        cy = np.random.randint(-(cut_h // 2), height + cut_h // 2)
-        cx = np.random.randint(-(cut_w // 2), width + cut_w // 2)
-    else:
-        cy, cx = np.random.randint(height), np.random.randint(width)
+def _box(height: int, width: int, cut_h: int, cut_w: int, uniform_sampling: bool,
+         cy: Optional[int] = None, cx: Optional[int] = None) -> BBox:
+    """A ``cut_h x cut_w`` box (rounded down to even sides) centred at ``(cy, cx)`` (default
+    random), clipped to the image: ``(r1, c1, r2, c2)``."""
+    if cy is None:
+        cy = (np.random.randint(-(cut_h // 2), height + cut_h // 2) if uniform_sampling
+              else np.random.randint(height))
+    if cx is None:
+        cx = (np.random.randint(-(cut_w // 2), width + cut_w // 2) if uniform_sampling
+              else np.random.randint(width))
     r1, r2 = (int(np.clip(cy + d, 0, height)) for d in (-(cut_h // 2), cut_h // 2))
     c1, c2 = (int(np.clip(cx + d, 0, width)) for d in (-(cut_w // 2), cut_w // 2))
     return r1, c1, r2, c2
+
+
+def _rand_bbox(W: int, H: int, cutmix_lambda: float, cx: Optional[int] = None,
+               cy: Optional[int] = None, uniform_sampling: bool = False) -> BBox:
+    """Composer's private ``_rand_bbox`` (its tests call it): a box of area about
+    ``1 - cutmix_lambda`` of a ``W x H`` image, ``W`` along the input's dim -2 and ``H``
+    along dim -1 (Composer's naming), centred at ``(cx, cy)`` (default random; see
+    :func:`cutmix_batch`'s ``uniform_sampling``), clipped. Returns ``(bbx1, bby1, bbx2,
+    bby2)``, the ``bbox`` :func:`cutmix_batch` takes (``bbx`` along dim -2)."""
+    ratio = float(np.sqrt(1.0 - cutmix_lambda))
+    return _box(W, H, int(W * ratio), int(H * ratio), uniform_sampling, cy=cx, cx=cy)
 
 
 def _area_kept(height: int, width: int, bbox: BBox) -> float:

@@ -21,6 +21,7 @@ from cadence.registry import algorithms
 from cadence.core import Algorithm, Event, State, get_precision_context
 from cadence.core.precision import Precision
 from cadence.utils.batch_helpers import batch_get, batch_set
+from cadence.utils.misc import unwrap_model
 
 __all__ = ["SelectiveBackprop", "select_using_loss", "should_selective_backprop"]
 
@@ -99,7 +100,14 @@ def select_using_loss(input: torch.Tensor, target: torch.Tensor, model: Callable
     Raises:
         ValueError: ``keep`` outside ``(0, 1]``; ``scale_factor != 1`` with an input that is
             not 3-, 4- or 5-D; a loss that is not per sample.
+        TypeError: ``loss_fun`` is not callable or takes no ``reduction`` keyword (Composer's
+            check and message).
     """
+    if not callable(loss_fun):
+        raise TypeError(f"Loss function must be callable, got {type(loss_fun).__name__}.")
+    if not _takes_reduction(loss_fun):
+        raise TypeError("Loss function `loss_fun` must take a keyword argument `reduction`. "
+                        "SelectiveBackprop calls it with reduction='none' for per-sample losses.")
     idx = _score_and_select(input, target, model, loss_fun, keep, scale_factor)
     return input[idx], target[idx]
 
@@ -230,7 +238,7 @@ class SelectiveBackprop(Algorithm):
         return value
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
-        module = getattr(state.model, "module", state.model)
+        module = unwrap_model(state.model)  # a ComposerClassifier's own .module is no wrapper
         if event == Event.INIT:
             self._loss_fn = module.loss
             return
