@@ -25,12 +25,18 @@ VOCAB = 64
 TOLERANCE = 2e-6  # measured: 4.8e-7 for every strategy (loss ~4, so a few ulps)
 
 
+def parity_tokens() -> CountingTokens:
+    """The ``STEPS * GLOBAL_BATCH`` counting sequences (``[SEQ]``, vocabulary ``VOCAB``) the
+    parity, tensor-parallel and materialisation tests train on."""
+    return CountingTokens(STEPS * GLOBAL_BATCH, seq_len=SEQ, vocab_size=VOCAB)
+
+
 def train_losses(parallelism_config: Optional[dict[str, Any]]) -> tuple[list[float], Trainer]:
     """Train the tiny GPT for STEPS steps of GLOBAL_BATCH samples; the logged (all-ranks
     mean) loss of each step."""
     torch.manual_seed(0)
     model = gpt2(n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB, max_seq_len=SEQ)
-    dataset = CountingTokens(STEPS * GLOBAL_BATCH, seq_len=SEQ, vocab_size=VOCAB)
+    dataset = parity_tokens()
     world = dist.get_world_size()
     loader = DataLoader(dataset, batch_size=GLOBAL_BATCH // world,
                         sampler=dist.get_sampler(dataset, shuffle=False))

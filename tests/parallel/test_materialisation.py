@@ -34,7 +34,7 @@ from cadence.models.gpt import gpt2
 from cadence.parallel import param_init
 from cadence.parallel.param_init import materialize_and_init
 from cadence.parallel.plan import ParallelPlan, parallelize
-from tests.parallel.test_fsdp_parity import RandomTokens
+from tests.parallel.test_fsdp_parity import parity_tokens
 
 SEED = 1234
 VOCAB, SEQ = 64, 16
@@ -208,7 +208,7 @@ def _name(layout: dict[str, Any]) -> str:
 
 
 def _trainer(model: Any, layout: dict[str, Any]) -> Trainer:
-    dataset = RandomTokens()
+    dataset = parity_tokens()
     tp = layout.get("tp", {}).get("tensor_parallel_degree", 1)
     loader = DataLoader(dataset, batch_size=2, sampler=dist.get_sampler(dataset, shuffle=False)
                         if dist.get_world_size() > tp else None)

@@ -21,7 +21,7 @@ from cadence.loggers import InMemoryLogger
 from cadence.parallel.config import parse_parallelism_config
 from cadence.parallel.memory import local_state_bytes
 from cadence.parallel.tp import FusedQKVColwiseParallel, ReplicateParallel, plan_tensor_parallel
-from tests.parallel.test_fsdp_parity import RandomTokens as CountingTokens
+from tests.parallel.test_fsdp_parity import parity_tokens
 
 STEPS = 10
 GLOBAL_BATCH = 8
@@ -56,7 +56,7 @@ def make_trainer(parallelism_config: Optional[dict[str, Any]], steps: int = STEP
     ``GLOBAL_BATCH / data-parallel size`` samples (``dist.get_sampler``'s defaults: the
     Trainer splits them over the data-parallel ranks only)."""
     model = tiny_gpt2()
-    dataset = CountingTokens()
+    dataset = parity_tokens()
     tp = (parallelism_config or {}).get("tp", {}).get("tensor_parallel_degree", 1)
     loader = DataLoader(dataset, batch_size=GLOBAL_BATCH * tp // dist.get_world_size(),
                         sampler=dist.get_sampler(dataset, shuffle=False))
@@ -109,7 +109,7 @@ def _ema_sums(trainer: Trainer) -> dict[str, float]:
 
 def _eval_logits(model: torch.nn.Module) -> torch.Tensor:
     """The model's logits ``[4, SEQ, VOCAB]`` for four counting sequences, in eval mode."""
-    ids = CountingTokens().ids[:4]
+    ids = parity_tokens().ids[:4]
     model.eval()
     with torch.no_grad():
         out = model({"input_ids": ids, "labels": ids})
@@ -164,7 +164,7 @@ def test_tp2_on_two_ranks(reference: dict[str, Any]) -> None:
         assert "model.model.layers.0.mlp.down_proj" in text and "RowwiseParallel" in text
     else:
         assert printed.getvalue() == ""
-    batch = {"input_ids": CountingTokens().ids[:2], "labels": CountingTokens().ids[:2]}
+    batch = {"input_ids": parity_tokens().ids[:2], "labels": parity_tokens().ids[:2]}
     assert isinstance(llama.model.model.layers[0].mlp.up_proj.weight, DTensor)
     out, ref = llama(batch), whole(batch)
     assert torch.allclose(out.logits, ref.logits, atol=1e-5)
@@ -254,7 +254,7 @@ def _check_resume_and_convert(folder: Path, straight: list[float]) -> None:
 
         out = to_huggingface(step4[0], folder / "hf")
         hf = GPT2LMHeadModel.from_pretrained(str(out)).eval()
-        ids = CountingTokens().ids[:4]
+        ids = parity_tokens().ids[:4]
         with torch.no_grad():
             hf_logits = hf(input_ids=ids).logits
         assert torch.allclose(hf_logits, logits, atol=1e-5), \

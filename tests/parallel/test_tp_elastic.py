@@ -112,11 +112,11 @@ def _check_refused_with_another_global_batch(path: str) -> None:
     import torch
     from torch.utils.data import DataLoader
 
-    from tests.parallel.test_tp import CountingTokens, tiny_gpt2
+    from tests.parallel.test_tp import parity_tokens, tiny_gpt2
 
     model = tiny_gpt2()
     before = [p.detach().clone() for p in model.parameters()]
-    dataset = CountingTokens()
+    dataset = parity_tokens()
     loader = DataLoader(dataset, batch_size=8, sampler=dist.get_sampler(dataset, shuffle=False))
     with pytest.raises(ValueError) as info:
         Trainer(model=model, train_dataloader=loader, max_duration="4ba", load_path=path,
