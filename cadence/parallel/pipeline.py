@@ -249,16 +249,7 @@ def build_schedule(pipeline: Pipeline, num_microbatches: int,
     from torch.distributed.pipelining.schedules import get_schedule_class
 
     config = pipeline.config
-    pp = config.pipeline_parallel_degree
-    if num_microbatches < pp:
-        raise ValueError(f"parallelism_config.pp: {num_microbatches} microbatch(es) cannot fill "
-                         f"{pp} pipeline ranks; use at least {pp} (num_microbatches, or a "
-                         f"smaller microbatch_size).")
-    if (config.schedule not in SINGLE_STAGE_SCHEDULES and config.schedule not in V_SCHEDULES
-            and num_microbatches % pp != 0):
-        raise ValueError(f"parallelism_config.pp: {config.schedule} needs a number of "
-                         f"microbatches that is a multiple of pipeline_parallel_degree={pp}; "
-                         f"got {num_microbatches}.")
+    config.check_num_microbatches(num_microbatches)
     cls = get_schedule_class(config.schedule)
     stages = pipeline.stages[0] if config.schedule in SINGLE_STAGE_SCHEDULES else pipeline.stages
     return cls(stages, n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=False)

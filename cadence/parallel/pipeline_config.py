@@ -92,6 +92,53 @@ class PPConfig:
         """Stages in the whole pipeline: ``pipeline_parallel_degree * stages_per_rank``."""
         return self.pipeline_parallel_degree * int(self.stages_per_rank or 1)
 
+    def microbatches_for(self, batch_size: int,
+                         device_train_microbatch_size: Optional[int] = None) -> int:
+        """The microbatches a rank's batch of ``batch_size`` samples is cut into:
+        ``num_microbatches``; else ``batch_size / microbatch_size`` (or
+        ``device_train_microbatch_size`` when ``microbatch_size`` is unset); else one per
+        stage. The Trainer's pipeline step and ``cadence plan`` both count with it.
+
+        Raises:
+            ValueError: the batch does not split evenly into the microbatches; fewer
+                microbatches than pipeline ranks; or, for the interleaved (non-V,
+                multi-stage) schedules, a number that is not a multiple of them.
+        """
+        if self.num_microbatches is not None:
+            count, how = self.num_microbatches, f"{_PREFIX}.num_microbatches"
+        else:
+            size = self.microbatch_size or device_train_microbatch_size
+            if size is not None:
+                how = (f"{_PREFIX}.microbatch_size" if self.microbatch_size
+                       else "device_train_microbatch_size")
+                count = batch_size // size if batch_size % size == 0 else 0
+            else:
+                count, how = self.num_stages, "one microbatch per stage (the default)"
+        if count < 1 or batch_size % count != 0:
+            raise ValueError(f"{_PREFIX}: the rank's batch of {batch_size} samples does not "
+                             f"split evenly into microbatches ({how}); use a batch size that "
+                             f"does (and drop_last=True).")
+        self.check_num_microbatches(count)
+        return count
+
+    def check_num_microbatches(self, num_microbatches: int) -> None:
+        """Refuse a number of microbatches the schedule cannot run.
+
+        Raises:
+            ValueError: fewer than ``pipeline_parallel_degree``, or (interleaved schedules
+                other than the V ones) not a multiple of it.
+        """
+        pp = self.pipeline_parallel_degree
+        if num_microbatches < pp:
+            raise ValueError(f"{_PREFIX}: {num_microbatches} microbatch(es) cannot fill {pp} "
+                             f"pipeline ranks; use at least {pp} (num_microbatches, or a "
+                             f"smaller microbatch_size).")
+        if (self.schedule not in SINGLE_STAGE_SCHEDULES and self.schedule not in V_SCHEDULES
+                and num_microbatches % pp != 0):
+            raise ValueError(f"{_PREFIX}: {self.schedule} needs a number of microbatches that "
+                             f"is a multiple of pipeline_parallel_degree={pp}; got "
+                             f"{num_microbatches}.")
+
 
 def _positive(problems: list[tuple[str, str]], key: str, value: Any) -> Optional[int]:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -235,10 +235,8 @@ def _plan_once(cfg: TrainConfig, world_size: int, nnodes: int, device: Device,
     pp = parallelism.pp if dims.pp_enabled else None
     if pp is not None:  # the pipeline's microbatches, as its step counts them
         _check_pipeline_run(cfg)
-        from cadence.planning.stages import pipeline_microbatches
-
         try:
-            count = pipeline_microbatches(pp, batch, micro if isinstance(micro, int) else None)
+            count = pp.microbatches_for(batch, micro if isinstance(micro, int) else None)
         except ValueError as exc:
             raise ConfigError([ConfigProblem("parallelism_config.pp", str(exc))]) from None
         micro = batch // count
@@ -357,20 +355,15 @@ def _bubble(pp: Any, degree: int, microbatches: int) -> float:
 
 
 def _check_pipeline_run(cfg: TrainConfig) -> None:
-    """What training refuses under a pipeline and a run file shows (the Trainer's
-    :func:`~cadence.trainer.pipeline_step.check_pipeline_run` and
-    :func:`~cadence.parallel.pipeline.parallelize_pipeline` messages)."""
+    """What the Trainer's :func:`~cadence.trainer.pipeline_step.check_pipeline_run` refuses
+    under a pipeline and a run file shows, with its messages."""
+    from cadence.trainer.pipeline_step import AMP_FP16_REASON, AUTO_MICROBATCH_REASON
+
     problems = []
     if getattr(cfg, "device_train_microbatch_size", None) == "auto":
-        problems.append("device_train_microbatch_size='auto': the pipeline's microbatches are "
-                        "fixed; set parallelism_config.pp.microbatch_size or num_microbatches.")
+        problems.append(AUTO_MICROBATCH_REASON)
     if str(getattr(cfg.precision, "value", cfg.precision)) == "amp_fp16":
-        problems.append("precision amp_fp16: the gradient scaler is not wired through the "
-                        "schedule; use amp_bf16 or fp32.")
-    if isinstance(cfg.model, dict) and cfg.model.get("init_device") == "meta":
-        problems.append("parallelism_config.pp: a model on the meta device (init_device: "
-                        "meta) is not supported under pipeline parallelism yet; build it on "
-                        "the CPU.")
+        problems.append(AMP_FP16_REASON)
     if problems:
         raise ConfigError([ConfigProblem("parallelism_config.pp", p) for p in problems])
 

@@ -48,7 +48,7 @@ al. 2021 (the interleaved warm-up count).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -58,42 +58,7 @@ from cadence.parallel.config import ParallelismConfig
 from cadence.parallel.parallel_dims import ParallelDims
 from cadence.planning.collectives import Collective
 
-__all__ = ["schedule_order", "simulate_pipeline_rank", "pipeline_microbatches",
-           "bubble_factor"]
-
-_KEY = "parallelism_config.pp"
-
-
-def pipeline_microbatches(pp: Any, per_device_batch: int,
-                          device_train_microbatch_size: Optional[int]) -> int:
-    """How many microbatches the pipeline splits a rank's batch into, as the Trainer's
-    pipeline step counts them (:class:`cadence.trainer.pipeline_step.PipelineStep`), with
-    the schedule's own check (:func:`cadence.parallel.pipeline.build_schedule`).
-
-    Raises:
-        ValueError: training's messages: a batch that does not split evenly, fewer
-            microbatches than pipeline ranks, or (interleaved schedules) not a multiple.
-    """
-    from types import SimpleNamespace
-
-    from cadence.parallel.pipeline_config import SINGLE_STAGE_SCHEDULES, V_SCHEDULES
-    from cadence.trainer.pipeline_step import PipelineStep
-
-    step = PipelineStep.__new__(PipelineStep)  # only its count: the config and the microbatch
-    step.pipeline = SimpleNamespace(config=pp)
-    step.state = SimpleNamespace(device_train_microbatch_size=device_train_microbatch_size)
-    count = step._count(per_device_batch)
-    degree = pp.pipeline_parallel_degree
-    # build_schedule's two checks (it needs built stages to be called)
-    if count < degree:
-        raise ValueError(f"{_KEY}: {count} microbatch(es) cannot fill {degree} pipeline "
-                         f"ranks; use at least {degree} (num_microbatches, or a smaller "
-                         f"microbatch_size).")
-    if (pp.schedule not in SINGLE_STAGE_SCHEDULES and pp.schedule not in V_SCHEDULES
-            and count % degree != 0):
-        raise ValueError(f"{_KEY}: {pp.schedule} needs a number of microbatches that is a "
-                         f"multiple of pipeline_parallel_degree={degree}; got {count}.")
-    return count
+__all__ = ["schedule_order", "simulate_pipeline_rank", "bubble_factor"]
 
 
 def schedule_order(schedule: str, pp: int, pp_rank: int, m: int,

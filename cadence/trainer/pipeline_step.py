@@ -43,7 +43,8 @@ from cadence.parallel.pipeline import Pipeline, build_schedule
 from cadence.trainer.loss_weighting import LossWeighting
 from cadence.trainer.pipeline_eval import PipelineForward, share_metric_states
 
-__all__ = ["PipelineStep", "check_pipeline_run", "refuse", "ALGORITHM_REASONS",
+__all__ = ["PipelineStep", "check_pipeline_run", "refuse", "AUTO_MICROBATCH_REASON",
+           "AMP_FP16_REASON", "ALGORITHM_REASONS",
            "PIPELINE_ALGORITHMS", "LOSS_ALGORITHMS", "CALLBACK_REASONS"]
 
 _KEY = "parallelism_config.pp"
@@ -116,6 +117,14 @@ def _runs_under_pipeline(algorithm: Any) -> Optional[str]:
     return _GENERIC
 
 
+AUTO_MICROBATCH_REASON = ("device_train_microbatch_size='auto': the pipeline's microbatches "
+                          f"are fixed; set {_KEY}.microbatch_size or num_microbatches.")
+"""Why ``'auto'`` microbatching is refused under a pipeline (the Trainer's and ``plan``'s)."""
+AMP_FP16_REASON = ("precision amp_fp16: the gradient scaler is not wired through the schedule; "
+                   "use amp_bf16 or fp32.")
+"""Why ``amp_fp16`` is refused under a pipeline (the Trainer's and ``plan``'s)."""
+
+
 def refuse(what: str) -> None:
     """Raise the error for ``what`` (``"Trainer.export_for_inference()"``) under a pipeline.
 
@@ -145,15 +154,13 @@ def check_pipeline_run(state: State, auto_microbatching: bool) -> None:
             problems.append(f"callback {name}: not supported under pipeline parallelism: "
                             f"{CALLBACK_REASONS[name]}.")
     if auto_microbatching:
-        problems.append("device_train_microbatch_size='auto': the pipeline's microbatches are "
-                        f"fixed; set {_KEY}.microbatch_size or num_microbatches.")
+        problems.append(AUTO_MICROBATCH_REASON)
     if any(getattr(o, "uses_closure", False) or "closure" in type(o).__name__.lower()
            for o in state.optimizers):
         problems.append("an optimizer with a closure re-runs forward and backward outside the "
                         "pipeline schedule.")
     if state.precision == "amp_fp16":
-        problems.append("precision amp_fp16: the gradient scaler is not wired through the "
-                        "schedule; use amp_bf16 or fp32.")
+        problems.append(AMP_FP16_REASON)
     if problems:
         raise ValueError(f"{len(problems)} problem(s) with {_KEY}:\n"
                          + "\n".join(f"  - {p}" for p in problems))
@@ -204,27 +211,14 @@ class PipelineStep:
         share_metric_states(metrics, self.forward_only)
 
     def _count(self, batch_size: int) -> int:
-        """Microbatches for a rank's batch of ``batch_size`` samples.
+        """Microbatches for a rank's batch of ``batch_size`` samples
+        (:meth:`~cadence.parallel.pipeline_config.PPConfig.microbatches_for`).
 
         Raises:
-            ValueError: the batch does not divide into the microbatches.
+            ValueError: the batch does not divide into microbatches the schedule can run.
         """
-        config = self.pipeline.config
-        if config.num_microbatches is not None:
-            count, how = config.num_microbatches, f"{_KEY}.num_microbatches"
-        else:
-            size = config.microbatch_size or self.state.device_train_microbatch_size
-            if size is not None:
-                how = (f"{_KEY}.microbatch_size" if config.microbatch_size
-                       else "device_train_microbatch_size")
-                count = batch_size // size if batch_size % size == 0 else 0
-            else:
-                count, how = config.num_stages, "one microbatch per stage (the default)"
-        if count < 1 or batch_size % count != 0:
-            raise ValueError(f"{_KEY}: the rank's batch of {batch_size} samples does not split "
-                             f"evenly into microbatches ({how}); use a batch size that does "
-                             f"(and drop_last=True).")
-        return count
+        return self.pipeline.config.microbatches_for(
+            batch_size, self.state.device_train_microbatch_size)
 
     def _loss(self, output: Any, index: torch.Tensor) -> torch.Tensor:
         """The schedule's loss function: microbatch ``index``'s weighted loss (on the last

@@ -136,3 +136,24 @@ def test_a_models_pipeline_split_hook_is_used() -> None:
     assert split.inputs((torch.ones(3, 4), None)).shape == (3, 4)
     with pytest.raises(ValueError, match=r"pipeline_split\(3, \.\.\.\) returned 2 stages"):
         split_model(Two(), 3)
+
+
+def test_microbatches_for_counts_as_the_step_and_refuses_what_the_schedule_cannot_run() -> None:
+    # the one count the Trainer's pipeline step and `cadence plan` both use
+    assert PPConfig(pipeline_parallel_degree=2).microbatches_for(8) == 2  # one per stage
+    assert PPConfig(pipeline_parallel_degree=2, microbatch_size=2).microbatches_for(8) == 4
+    assert PPConfig(pipeline_parallel_degree=2).microbatches_for(8, 1) == 8
+    assert PPConfig(pipeline_parallel_degree=2, num_microbatches=4).microbatches_for(8, 1) == 4
+    with pytest.raises(ValueError, match=r"batch of 8 samples does not split evenly into "
+                                         r"microbatches \(parallelism_config.pp.microbatch_size"):
+        PPConfig(pipeline_parallel_degree=2, microbatch_size=3).microbatches_for(8)
+    with pytest.raises(ValueError, match=r"1 microbatch\(es\) cannot fill 2 pipeline ranks"):
+        PPConfig(pipeline_parallel_degree=2, num_microbatches=1).microbatches_for(8)
+    interleaved = PPConfig(pipeline_parallel_degree=2, schedule="Interleaved1F1B",
+                           num_microbatches=3)
+    with pytest.raises(ValueError, match="Interleaved1F1B needs a number of microbatches that "
+                                         "is a multiple of pipeline_parallel_degree=2; got 3"):
+        interleaved.microbatches_for(6)
+    # the V schedules take any number from p up
+    assert PPConfig(pipeline_parallel_degree=2, schedule="ZBVZeroBubble",
+                    num_microbatches=3).microbatches_for(6) == 3
