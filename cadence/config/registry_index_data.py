@@ -205,7 +205,7 @@ INDEX = {
             {'name': 'kwargs', 'kind': 'VAR_KEYWORD', 'required': True},
         ]},
         'generate': {'target': 'cadence.callbacks.generate.Generate', 'params': [
-            {'name': 'prompts', 'kind': 'POSITIONAL_OR_KEYWORD', 'required': True, 'type': {'describe': 'a Sequence'}},
+            {'name': 'prompts', 'kind': 'POSITIONAL_OR_KEYWORD', 'required': True, 'type': {'describe': 'a list'}},
             {'name': 'interval', 'kind': 'POSITIONAL_OR_KEYWORD', 'required': True, 'type': {'describe': "a str or an int or a Time string (e.g. '100ba')", 'time': True, 'members': [{'type': 'str'}, {'type': 'int'}, {'type': 'time'}]}},
             {'name': 'batch_size', 'kind': 'POSITIONAL_OR_KEYWORD', 'type': {'describe': 'an int or null', 'null': True, 'members': [{'type': 'int'}]}},
             {'name': 'kwargs', 'kind': 'VAR_KEYWORD', 'required': True},
