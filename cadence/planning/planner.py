@@ -326,13 +326,25 @@ def _in_child(simulate: Callable[[], Any]) -> Any:
     os.close(write)
     with os.fdopen(read, "rb") as pipe:
         data = pipe.read()
-    os.waitpid(pid, 0)
+    _, status = os.waitpid(pid, 0)
     if not data:
-        raise RuntimeError("cadence plan: the simulation of a rank died without a result.")
+        raise RuntimeError("cadence plan: the simulation of a rank died without a result "
+                           f"({_exit_reason(status)}).")
     kind, value = pickle.loads(data)
     if kind == "ok":
         return value
     raise (ValueError if kind == "ValueError" else RuntimeError)(value)
+
+
+def _exit_reason(status: int) -> str:
+    """How a child process ended, from ``os.waitpid``'s status: ``killed by SIGSEGV`` or
+    ``exit code 1``."""
+    import os
+    import signal
+
+    if os.WIFSIGNALED(status):
+        return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exit code {os.waitstatus_to_exitcode(status)}"
 
 
 def _check_cluster(world_size: int, nnodes: int, headroom: float) -> None:
