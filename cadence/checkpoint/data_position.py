@@ -44,8 +44,9 @@ What each kind of train dataloader gets on a resume mid-epoch:
   again and dropped) from the recorded RNG state, with a warning.
 - Any other iterable: replayed from a fresh ``iter()`` with a warning
   (:func:`skip_consumed_batches`, also the fallback when the checkpoint has no usable record:
-  a ``DataLoader`` with a plain ``BatchSampler`` then skips the consumed prefix of its
-  sampler's indices without loading it).
+  a ``DataLoader`` over a map-style dataset with a plain ``BatchSampler`` then skips the
+  consumed prefix of its sampler's indices without loading it; one over an
+  ``IterableDataset`` is replayed).
 
 Both ways of skipping without loading rebuild the loader over the remaining indices
 (:class:`RemainingIndices`, :func:`rebuild_dataloader`), keeping every constructor argument.
@@ -396,13 +397,16 @@ def skip_consumed_batches(dataloader: Any, batches: int) -> tuple[Iterator[Any],
 
     The fallback of :func:`iter_epoch` when the checkpoint has no data position for this
     rank (an older checkpoint, another world size): a ``DataLoader`` with a plain
-    ``BatchSampler`` is rebuilt over its sampler's indices minus the consumed prefix
-    (exact for a seeded sampler, ``cadence.dist.get_sampler``; a ``RandomSampler`` draws its
-    order anew, warned); any other iterable is advanced batch by batch (warned).
+    ``BatchSampler`` over a map-style dataset is rebuilt over its sampler's indices minus the
+    consumed prefix (exact for a seeded sampler, ``cadence.dist.get_sampler``; a
+    ``RandomSampler`` draws its order anew, warned); any other iterable (a ``DataLoader`` over
+    an ``IterableDataset`` included: it has no indices to skip) is advanced batch by batch
+    (warned).
     """
     rng = torch.get_rng_state()
     if (isinstance(dataloader, DataLoader) and isinstance(dataloader.batch_sampler, BatchSampler)
-            and type(dataloader.batch_sampler) is BatchSampler):
+            and type(dataloader.batch_sampler) is BatchSampler
+            and not isinstance(dataloader.dataset, IterableDataset)):
         if isinstance(dataloader.batch_sampler.sampler, RandomSampler):
             log.warning("Resuming mid-epoch without the checkpoint's data position (an older "
                         "checkpoint, or another world size): the RandomSampler draws a new "
