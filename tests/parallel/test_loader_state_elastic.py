@@ -14,7 +14,7 @@ run on 2 ranks (4 samples per rank) cut mid-epoch resumes on 1 rank (8 samples),
 on 1 rank resumes on 2: every global batch after the resume holds exactly the samples the
 uninterrupted run's did, none of the consumed samples is read again and none is skipped,
 and the losses are the uninterrupted run's to rounding (the same global mean, summed in
-another order).
+another order). A resume with another global batch mid-epoch is refused.
 """
 
 from __future__ import annotations
@@ -108,12 +108,12 @@ class GlobalBatches(Callback):
 
 
 def _run(folder: str, kind: str, stop_at: Optional[int] = None,
-         load_path: Optional[str] = None) -> dict[str, Any]:
+         load_path: Optional[str] = None, global_batch: int = GLOBAL_BATCH) -> dict[str, Any]:
     """Train ``TOTAL`` global batches of ``GLOBAL_BATCH`` on this process group (or stop
     after ``stop_at``, saving a checkpoint there; or resume from ``load_path``). Returns the
     global batches seen, their losses, the samples read on every rank, and the checkpoint's
     data entry kinds."""
-    batch_size = GLOBAL_BATCH // dist.get_world_size()
+    batch_size = global_batch // dist.get_world_size()
     dataset = GlobalOrderStream(batch_size)
     loader = (DataLoader(dataset, batch_size=batch_size) if kind == "dataset_state"
               else Streamingish(dataset, batch_size=batch_size))
@@ -182,7 +182,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         for ranks in (1, 2):
             saved = torch.load(_checkpoint(f"{folder}/{kind}/cut{ranks}"), weights_only=True)
             checkpoints[kind, ranks] = saved["state"]["data"]
-    return {"one": one, "two": two, "checkpoints": checkpoints}
+    return {"one": one, "two": two, "checkpoints": checkpoints, "folder": folder}
 
 
 def _check_continues(full: dict[str, Any], cut: dict[str, Any], resumed: dict[str, Any]
@@ -231,3 +231,13 @@ def test_the_sample_order_is_the_same_on_one_and_two_ranks(runs: dict[str, Any],
         assert len(entries) == ranks and {e["kind"] for e in entries} == {kind}
         assert entries[0]["state"] == {"epoch": 1,
                                        "sample_in_epoch": (CUT - PER_EPOCH) * GLOBAL_BATCH}
+
+
+@pytest.mark.slow
+def test_another_global_batch_mid_epoch_is_refused(runs: dict[str, Any]) -> None:
+    """2 ranks x 4 resumed on 1 rank x 4: the checkpoint's 16 samples of epoch 1 are 2
+    global batches of 8, not this run's batches of 4; refused, naming the batch to set."""
+    folder = runs["folder"]
+    with pytest.raises(ValueError, match="per-rank batch_size to 8"):
+        _run(f"{folder}/refused", "dataset_state", global_batch=4,
+             load_path=_checkpoint(f"{folder}/dataset_state/cut2"))
