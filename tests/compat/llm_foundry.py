@@ -660,6 +660,11 @@ def compare_elastic(full: list[dict], curve: list[dict], resumed_at: int
     return rows, ok, worst
 
 
+#: The elastic step's table: one row per global batch (``compare_elastic``).
+ELASTIC_HEADER = ["| batch | run | samples | loss uninterrupted | loss cut+resumed | relative |",
+                  "|---|---|---|---|---|---|"]
+
+
 def step_elastic(side: Side, data: Path, batches: int) -> dict:
     """The ``pretrain`` run (global batch 8) on 2 ranks x 4, rank 0 SIGKILLed at the start
     of batch ``batches // 2 + 1``, autoresumed on 1 rank x 8; and on 1 rank, resumed on 2.
@@ -682,8 +687,7 @@ def step_elastic(side: Side, data: Path, batches: int) -> dict:
     out: dict = {"kill_at_batch": kill_at, "same_batches_1_and_2_ranks": sum(premise),
                  "full1": full[1], "full2": full[2]}
     ok = all(premise)
-    header = ["| batch | run | samples | loss uninterrupted | loss cut+resumed | relative |",
-              "|---|---|---|---|---|---|"]
+    header = ELASTIC_HEADER
     for first, then in ((2, 1), (1, 2)):
         name = f"elastic-{first}to{then}"
         fresh(side, name)
@@ -936,7 +940,7 @@ def report(results: dict) -> None:
                       f"{elastic['kill_at_batch']}, resumed at {run['resumed_at_batch']}, "
                       f"{'held' if run['agree'] else 'DIFFERS'}, largest relative loss "
                       f"difference after the resume {run['max_relative']:.1e}")
-                print("\n".join(run["table"]))
+                print("\n".join(ELASTIC_HEADER + run["table"]))
     if "composer" in results:
         print("\n".join(results["composer"]["table"] + [""]
                         + results["composer"]["metric_table"]))
