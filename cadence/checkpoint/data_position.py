@@ -40,12 +40,16 @@ What each kind of train dataloader gets on a resume mid-epoch:
   resume hands it to ``load_state_dict`` before ``iter()``: the dataset continues its epoch
   (its own epoch count and shuffle) without loading the consumed samples. At an epoch
   boundary nothing is restored (streaming's state there names the epoch just finished).
+  From another number of ranks rank 0's entry is restored on every rank: the count is
+  global, so with the same global batch the sample order continues (measured with
+  streaming 0.12 under llm-foundry, 2 ranks -> 1 and 1 -> 2: README).
 - A ``DataLoader`` over an ``IterableDataset``: replayed (the consumed batches are loaded
   again and dropped) from the recorded RNG state, with a warning.
 - Any other iterable: replayed from a fresh ``iter()`` with a warning
   (:func:`skip_consumed_batches`, also the fallback when the checkpoint has no usable record:
-  a ``DataLoader`` with a plain ``BatchSampler`` then skips the consumed prefix of its
-  sampler's indices without loading it).
+  a ``DataLoader`` over a map-style dataset with a plain ``BatchSampler`` then skips the
+  consumed prefix of its sampler's indices without loading it; one over an
+  ``IterableDataset`` is replayed).
 
 Both ways of skipping without loading rebuild the loader over the remaining indices
 (:class:`RemainingIndices`, :func:`rebuild_dataloader`), keeping every constructor argument.
@@ -396,13 +400,16 @@ def skip_consumed_batches(dataloader: Any, batches: int) -> tuple[Iterator[Any],
 
     The fallback of :func:`iter_epoch` when the checkpoint has no data position for this
     rank (an older checkpoint, another world size): a ``DataLoader`` with a plain
-    ``BatchSampler`` is rebuilt over its sampler's indices minus the consumed prefix
-    (exact for a seeded sampler, ``cadence.dist.get_sampler``; a ``RandomSampler`` draws its
-    order anew, warned); any other iterable is advanced batch by batch (warned).
+    ``BatchSampler`` over a map-style dataset is rebuilt over its sampler's indices minus the
+    consumed prefix (exact for a seeded sampler, ``cadence.dist.get_sampler``; a
+    ``RandomSampler`` draws its order anew, warned); any other iterable (a ``DataLoader`` over
+    an ``IterableDataset`` included: it has no indices to skip) is advanced batch by batch
+    (warned).
     """
     rng = torch.get_rng_state()
     if (isinstance(dataloader, DataLoader) and isinstance(dataloader.batch_sampler, BatchSampler)
-            and type(dataloader.batch_sampler) is BatchSampler):
+            and type(dataloader.batch_sampler) is BatchSampler
+            and not isinstance(dataloader.dataset, IterableDataset)):
         if isinstance(dataloader.batch_sampler.sampler, RandomSampler):
             log.warning("Resuming mid-epoch without the checkpoint's data position (an older "
                         "checkpoint, or another world size): the RandomSampler draws a new "
@@ -484,8 +491,11 @@ def save_data_position(state: Any) -> list[dict[str, Any]]:
 
 def load_data_position(state: Any, saved: Optional[list[dict[str, Any]]]) -> None:
     """Keep this rank's entry of ``saved`` (from :func:`save_data_position`) for the next
-    :func:`iter_epoch` of ``state.train_dataloader``. A checkpoint from another world size
-    (or without the entry) leaves the dataloader as built."""
+    :func:`iter_epoch` of ``state.train_dataloader``. From another world size, the state of
+    a loader or dataset that keeps its own (global) position is restored from rank 0's
+    entry on every rank; any other record is dropped (the epoch's consumed batches are then
+    skipped by :func:`skip_consumed_batches`). A checkpoint without the entry leaves the
+    dataloader as built."""
     if not saved or state.train_dataloader is None:
         return
     if len(saved) != dist.get_world_size() and (

@@ -98,12 +98,28 @@ def get_node_rank() -> int:
 _dist_timeout_s = 600.0  # the run's dist_timeout, recorded by initialize_dist
 
 
-def initialize_dist(device: str | torch.device = "cpu", timeout: float = 600.0) -> None:
+def _device_type(device: Any) -> str:
+    """``"cuda"`` or ``"cpu"`` (...) for ``initialize_dist``'s ``device``: a name (Composer's
+    ``"gpu"`` included), a ``torch.device``, a :class:`cadence.devices.Device` (its
+    ``torch_device``), or None (CUDA when available)."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    torch_device = getattr(device, "torch_device", None)
+    if isinstance(torch_device, torch.device):
+        return torch_device.type
+    if isinstance(device, str) and device.lower() == "gpu":
+        return "cuda"
+    return torch.device(device).type
+
+
+def initialize_dist(device: Any = "cpu", timeout: float = 600.0) -> None:
     """Create the default process group from torchrun's environment, if there is more than one
     process and no group yet. Backend: ``nccl`` for CUDA, ``gloo`` for CPU.
 
     Args:
-        device: the device the run uses; picks the backend.
+        device: the device the run uses; picks the backend: ``"cpu"`` (default), ``"gpu"``
+            or ``"cuda"``, a ``torch.device``, a :class:`cadence.devices.Device` (what
+            llm-foundry passes: ``get_device(None)``), or None (CUDA when available).
         timeout: seconds a collective (and the group's creation) may wait for the other
             ranks before it fails (default 600, Composer's ``dist_timeout``). A rank that
             stops answering thus ends the job after ``timeout`` seconds instead of hanging it.
@@ -113,6 +129,7 @@ def initialize_dist(device: str | torch.device = "cpu", timeout: float = 600.0) 
     Raises:
         ValueError: ``timeout`` is not a positive number of seconds.
         RuntimeError: ``WORLD_SIZE > 1`` but ``MASTER_ADDR``/``MASTER_PORT`` are missing.
+        TypeError, RuntimeError: ``device`` is none of the above (from ``torch.device``).
     """
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"dist_timeout must be a positive number of seconds, got {timeout!r} "
@@ -124,7 +141,7 @@ def initialize_dist(device: str | torch.device = "cpu", timeout: float = 600.0) 
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT", "RANK") if name not in os.environ]
     if missing:
         raise RuntimeError(f"WORLD_SIZE > 1 but {', '.join(missing)} not set. {_LAUNCH_HINT}")
-    device_type = torch.device(device).type
+    device_type = _device_type(device)
     backend = "nccl" if device_type == "cuda" else "gloo"
     if device_type == "cuda":
         torch.cuda.set_device(get_local_rank())

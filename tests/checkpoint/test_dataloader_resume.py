@@ -270,3 +270,34 @@ def test_rebuilt_loader_keeps_every_argument(monkeypatch: pytest.MonkeyPatch) ->
     for loader in rebuilt:
         assert loader.num_workers == 1 and loader.prefetch_factor == 3
         assert loader.multiprocessing_context is context
+
+
+class InOrder(IterableDataset):
+    """An iterable dataset without state, in index order (sized, as streaming's are)."""
+
+    def __init__(self) -> None:
+        self.x, self.y = _data()
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int, int]]:
+        for i in range(SAMPLES):
+            yield self.x[i], self.y[i], i, -1
+
+
+def test_iterable_dataset_without_a_record_is_replayed(caplog: pytest.LogCaptureFixture
+                                                        ) -> None:
+    """A DataLoader over an IterableDataset resumed mid-epoch without a recorded position
+    (an older checkpoint, another number of ranks): its batch sampler's sampler has no
+    length and no indices to skip, so the consumed batches are replayed (warned); this once
+    raised ``TypeError`` (``len()`` of torch's ``_InfiniteConstantSampler``)."""
+    from cadence.checkpoint import data_position
+
+    loader = DataLoader(InOrder(), batch_size=BATCH)
+    with caplog.at_level(logging.WARNING, logger="cadence.checkpoint.data_position"):
+        rest, length = data_position.iter_epoch(loader, 0, 2, len(loader))
+        batches = [batch[2].tolist() for batch in rest]
+    assert length == PER_EPOCH - 2
+    assert batches == [list(range(b * BATCH, (b + 1) * BATCH)) for b in range(2, PER_EPOCH)]
+    assert "replaying 2 batches" in caplog.text

@@ -5,7 +5,7 @@ On demand, not a test (its install steps use the package index)::
     python tests/compat/llm_foundry.py [STEP ...] [--work DIR] [--batches N]
                                        [--foundry-src DIR]
 
-Steps (default: ``install pretrain finetune eval autoresume``; ``all`` runs every one;
+Steps (default: ``install pretrain finetune eval autoresume elastic``; ``all`` runs every one;
 ``cached`` runs the ones whose virtualenvs and inputs are already in ``--work``):
 
 ``install``
@@ -38,6 +38,17 @@ Steps (default: ``install pretrain finetune eval autoresume``; ``all`` runs ever
     SIGKILLs itself at the start of batch ``N/2 + 1`` (after batch ``N/2``'s checkpoint),
     relaunched unchanged: the relaunch must resume from a checkpoint and its losses must
     equal the uninterrupted ``pretrain`` run's, bit for bit.
+``elastic``
+    The ``pretrain`` YAML (global batch 8) on 2 ranks (torchrun, gloo over the loopback
+    interface, ``device_train_microbatch_size: 4``) with rank 0 SIGKILLed at the start of
+    batch ``N/2 + 1``, relaunched on 1 rank (``device_train_microbatch_size: 8``, the same
+    global batch); and on 1 rank, relaunched on 2. The relaunch resumes from the 2-rank
+    (1-rank) checkpoint, and every global batch of the curve must hold the samples (SHA-1
+    of each sample's tokens, all ranks') of the uninterrupted run on the first number of
+    ranks, none seen twice; its losses must equal that run's bit for bit before the resume
+    and to ``ELASTIC_RTOL`` (1e-5 relative) after it. The uninterrupted runs on 1 and 2
+    ranks must see the same global batches (streaming's order does not depend on the
+    number of ranks).
 ``composer``
     ``composer-venv/``: ``mosaicml==0.32.1`` installed without dependencies (its pins want
     torch<2.7.1) with the few it needs (torchmetrics 1.7.4, torch_optimizer, coolname,
@@ -59,7 +70,8 @@ Steps (default: ``install pretrain finetune eval autoresume``; ``all`` runs ever
     Prints the tables of the measured steps from ``results.json``.
 
 Exit status: 0 when every step held; 1 when a step failed (training failed, a loss did
-not fall, the resumed curve or a calibrated loss differs, a test passes on Composer only);
+not fall, the resumed curve or a calibrated loss differs, a curve resumed on another
+number of ranks sees other samples, a test passes on Composer only);
 75 when an install could not reach a package index (the slow test skips on it).
 ``tests/compat/test_llm_foundry_compat.py`` (``slow``) runs ``cached``.
 """
@@ -80,9 +92,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_WORK = Path.home() / ".cache" / "cadence" / "compat" / "llm-foundry-0.22.0"
-STEPS = ["install", "pretrain", "finetune", "eval", "autoresume", "composer",
+STEPS = ["install", "pretrain", "finetune", "eval", "autoresume", "elastic", "composer",
          "foundry-tests", "report"]
-DEFAULT_STEPS = ["install", "pretrain", "finetune", "eval", "autoresume"]
+DEFAULT_STEPS = ["install", "pretrain", "finetune", "eval", "autoresume", "elastic"]
 #: ``--help``'s list (the module docstring has the details).
 STEP_HELP = {
     "install": "build venv/ (llm-foundry, streaming, pins), rename Composer, make data/",
@@ -90,6 +102,7 @@ STEP_HELP = {
     "finetune": "train.py: the finetuning loader over JSON lines; the loss must fall",
     "eval": "a constant-rate run, then eval.py on its checkpoint (ICL + eval loader)",
     "autoresume": "SIGKILL the pretrain run after a checkpoint, relaunch: equal losses",
+    "elastic": "kill on 2 ranks, resume on 1 (and 1 -> 2): the same samples per batch",
     "composer": "build composer-venv/ (mosaicml 0.32.1), same YAMLs: loss/metric tables",
     "foundry-tests": "llm-foundry's own tests on Composer and on cadence (--foundry-src)",
     "report": "print the tables of the steps measured so far (results.json)",
@@ -100,6 +113,9 @@ STEP_HELP = {
 EXIT_NO_INDEX = 75
 #: Relative tolerance of the Composer calibration.
 RTOL = 1e-5
+#: Relative tolerance of the losses of a run resumed on another number of ranks (the same
+#: global batch, its gradient summed in another order: DDP's all-reduce; measured 1.3e-7).
+ELASTIC_RTOL = 1e-5
 #: llm-foundry's test selection: its CPU tests (hub tests fail on both sides, offline)
 #: but ``tests/models`` (2,541 parametrized architecture tests, hours on 2 cores).
 FOUNDRY_SELECTION = ["-m", "not gpu and not remote and not daily", "--ignore",
@@ -226,13 +242,14 @@ def renamed_source(python: Path, work: Path) -> Path:
 
 
 #: Imported by every llm-foundry process this script starts: registers ``compat_record``,
-#: a callback that writes each batch's loss and learning rate and each evaluator's metrics
-#: to a JSON-lines file (the console prints 4 decimals) and, when ``COMPAT_KILL_AT_BATCH``
-#: is set, SIGKILLs its own process at the start of that batch (1-based); then runs llm-foundry's train or
-#: eval entry point (``scripts/train/train.py`` / ``scripts/eval/eval.py`` are these two
-#: calls).
+#: a callback that writes each batch's loss, learning rate, rank and samples (a SHA-1 prefix
+#: of each sample's ``input_ids``), one row per rank, and each evaluator's metrics to a
+#: JSON-lines file (the console prints 4 decimals) and, when ``COMPAT_KILL_AT_BATCH`` is
+#: set, SIGKILLs rank 0's process at the start of that batch (1-based); then runs
+#: llm-foundry's train or eval entry point (``scripts/train/train.py`` /
+#: ``scripts/eval/eval.py`` are these two calls).
 LAUNCH = r'''
-import importlib, json, os, signal, sys
+import hashlib, importlib, json, os, signal, sys
 
 side, command, yaml = sys.argv[1:4]
 framework = importlib.import_module(side)
@@ -248,13 +265,20 @@ class CompatRecord(framework.Callback):
             out.write(json.dumps(row) + "\n")
 
     def batch_start(self, state, logger):
-        if self.kill_at_batch is not None and int(state.timestamp.batch) + 1 >= self.kill_at_batch:
+        if (self.kill_at_batch is not None and os.environ.get("RANK", "0") == "0"
+                and int(state.timestamp.batch) + 1 >= self.kill_at_batch):
             os.kill(os.getpid(), signal.SIGKILL)
         self.lr = state.optimizers[0].param_groups[0]["lr"]
 
     def batch_end(self, state, logger):
         loss = state.loss["total"] if isinstance(state.loss, dict) else state.loss
-        self._write({"batch": int(state.timestamp.batch), "loss": float(loss), "lr": self.lr})
+        row = {"batch": int(state.timestamp.batch), "loss": float(loss), "lr": self.lr,
+               "rank": int(os.environ.get("RANK", "0"))}
+        batch = state.batch
+        if hasattr(batch, "keys") and "input_ids" in batch:  # a dict, a BatchEncoding
+            row["samples"] = [hashlib.sha1(ids.cpu().numpy().tobytes()).hexdigest()[:16]
+                              for ids in batch["input_ids"]]
+        self._write(row)
 
     def eval_end(self, state, logger):
         label = state.dataloader_label
@@ -293,27 +317,48 @@ class Side:
             env.pop(name, None)
         return env
 
-    def launch(self, command: str, yaml: Path, kill_at_batch: int = 0) -> list[dict]:
-        """Run ``command`` (``train``/``eval``) on ``yaml`` (SIGKILLed at the start of batch
-        ``kill_at_batch`` when given); return the records this process wrote."""
+    def launch(self, command: str, yaml: Path, kill_at_batch: int = 0,
+               ranks: int = 1) -> list[dict]:
+        """Run ``command`` (``train``/``eval``) on ``yaml`` (rank 0 SIGKILLed at the start of
+        batch ``kill_at_batch`` when given); return the records this process (or, with
+        ``ranks`` > 1, these torchrun ranks: gloo on the loopback interface) wrote.
+
+        Raises:
+            SystemExit: the run exited otherwise than expected (0; -9 killed; killed on
+                several ranks: torchrun's non-zero status).
+        """
         record = yaml.with_suffix(".jsonl")
         before = len(record.read_text().splitlines()) if record.exists() else 0
         env = self.env()
         if kill_at_batch:
             env["COMPAT_KILL_AT_BATCH"] = str(kill_at_batch)
-        out = subprocess.run([str(self.python), str(self.work / "launch.py"), self.name,
-                              command, str(yaml)], env=env, text=True,
-                             capture_output=True, cwd=self.root)
+        cmd = [str(self.python), str(self.work / "launch.py"), self.name, command, str(yaml)]
+        if ranks > 1:
+            env["GLOO_SOCKET_IFNAME"] = "lo"
+            cmd[1:1] = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
+                        str(ranks), "--master_addr", "127.0.0.1", "--master_port",
+                        str(free_port())]
+        out = subprocess.run(cmd, env=env, text=True, capture_output=True, cwd=self.root)
         log = out.stdout + out.stderr
         log_path = yaml.with_suffix(".killed.log" if kill_at_batch else ".log")
         log_path.write_text(log)
         expected = -9 if kill_at_batch else 0
-        if out.returncode != expected:
+        if out.returncode != expected and not (kill_at_batch and ranks > 1
+                                               and out.returncode > 0):
             print(log[-6000:])
             raise SystemExit(f"{self.name}: {command} {yaml.name} exited {out.returncode}, "
                              f"not {expected}; log in {log_path}")
         lines = record.read_text().splitlines() if record.exists() else []
         return [json.loads(line) for line in lines[before:]]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (torchrun's rendezvous)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 MAKE_DATA = r'''
@@ -427,10 +472,12 @@ SCHEDULERS = {
 
 
 def train_yaml(side: Side, data: Path, name: str, batches: int, scheduler: str,
-               loader: str = "text") -> Path:
+               loader: str = "text", microbatch: int = 8) -> Path:
     """``side.root/NAME.yaml``: a CPU-sized pretraining (``loader='text'``, the MDS data)
-    or fine-tuning (``'finetuning'``) run of ``batches`` batches, a checkpoint every batch
-    in ``NAME/`` (llm-foundry turns autoresume on: run name and save folder are set)."""
+    or fine-tuning (``'finetuning'``) run of ``batches`` batches of 8 samples (global), a
+    checkpoint every batch in ``NAME/`` (llm-foundry turns autoresume on: run name and save
+    folder are set); ``microbatch``: ``device_train_microbatch_size`` (8 on one rank, 4 on
+    two: each rank's whole batch)."""
     train = text_loader(data, "train_loader", "train", True) if loader == "text" \
         else finetune_loader(data)
     yaml = textwrap.dedent(f"""\
@@ -447,7 +494,7 @@ def train_yaml(side: Side, data: Path, name: str, batches: int, scheduler: str,
         max_duration: {batches}ba
         eval_interval: 1000ba
         global_train_batch_size: 8
-        device_train_microbatch_size: 8
+        device_train_microbatch_size: {microbatch}
         device_eval_batch_size: 8
         precision: fp32
         progress_bar: false
@@ -500,6 +547,8 @@ def train_run(side: Side, data: Path, name: str, batches: int, scheduler: str,
               loader: str = "text") -> list[dict]:
     fresh(side, name)
     rows = side.launch("train", train_yaml(side, data, name, batches, scheduler, loader))
+    for row in rows:
+        row.pop("rank", None)  # one rank
     got = [row["batch"] for row in rows]
     if got != list(range(1, batches + 1)):
         raise SystemExit(f"{side.name}: {name} recorded batches {got}, not 1..{batches}")
@@ -562,6 +611,111 @@ def step_autoresume(side: Side, data: Path, batches: int, reference: list[dict])
                          f"the uninterrupted {losses(reference)}")
     print(f"{side.name} autoresumed curve equals the uninterrupted one, bit for bit")
     return {"kill_at_batch": kill_at, "resumed_at_batch": resumed_at, "curve": curve}
+
+
+def global_batches(rows: list[dict], ranks: int) -> list[dict]:
+    """One row per global batch from the ranks' rows: ``samples`` every rank's (sorted),
+    ``loss`` the mean of the ranks' (each rank's batch has the same number of tokens: 64 per
+    sample, none padded), ``lr`` rank 0's.
+
+    Raises:
+        SystemExit: a batch was not recorded by exactly ``ranks`` ranks.
+    """
+    by_batch: dict[int, list[dict]] = {}
+    for row in rows:
+        by_batch.setdefault(row["batch"], []).append(row)
+    out = []
+    for batch, group in sorted(by_batch.items()):
+        if sorted(row.get("rank", 0) for row in group) != list(range(ranks)):
+            raise SystemExit(f"batch {batch} was recorded by ranks "
+                             f"{[row.get('rank', 0) for row in group]}, not 0..{ranks - 1}")
+        group.sort(key=lambda row: row.get("rank", 0))
+        out.append({"batch": batch, "loss": sum(row["loss"] for row in group) / ranks,
+                    "lr": group[0]["lr"],
+                    "samples": sorted(h for row in group for h in row["samples"])})
+    return out
+
+
+def compare_elastic(full: list[dict], curve: list[dict], resumed_at: int
+                    ) -> tuple[list[str], bool, float]:
+    """Markdown rows of a curve resumed on another number of ranks against the uninterrupted
+    run; whether every global batch holds the same samples (exactly), no sample is seen
+    twice, the batches before ``resumed_at`` have the same losses bit for bit (the same
+    ranks) and the later ones to ``ELASTIC_RTOL``; and the largest relative loss difference
+    after the resume."""
+    rows, ok, worst = [], len(full) == len(curve), 0.0
+    seen = [h for row in curve for h in row["samples"]]
+    ok = ok and len(seen) == len(set(seen))
+    for a, b in zip(full, curve):
+        same = a["samples"] == b["samples"]
+        rel = abs(a["loss"] - b["loss"]) / abs(a["loss"])
+        if b["batch"] >= resumed_at:
+            worst = max(worst, rel)
+            ok = ok and same and rel <= ELASTIC_RTOL and a["lr"] == b["lr"]
+        else:
+            ok = ok and same and a["loss"] == b["loss"]
+        rows.append(f"| {b['batch']} | {'resumed' if b['batch'] >= resumed_at else 'first'} | "
+                    f"{'same' if same else 'DIFFERENT'} | {a['loss']:.6f} | {b['loss']:.6f} | "
+                    f"{rel:.1e} |")
+    return rows, ok, worst
+
+
+#: The elastic step's table: one row per global batch (``compare_elastic``).
+ELASTIC_HEADER = ["| batch | run | samples | loss uninterrupted | loss cut+resumed | relative |",
+                  "|---|---|---|---|---|---|"]
+
+
+def step_elastic(side: Side, data: Path, batches: int) -> dict:
+    """The ``pretrain`` run (global batch 8) on 2 ranks x 4, rank 0 SIGKILLed at the start
+    of batch ``batches // 2 + 1``, autoresumed on 1 rank x 8; and on 1 rank, resumed on 2.
+    Each resumed curve is compared with the uninterrupted run on the first number of ranks:
+    the same samples in every global batch, none twice; losses to ``ELASTIC_RTOL``."""
+    kill_at = batches // 2 + 1
+    full = {}
+    for ranks in (1, 2):
+        name = f"elastic-full{ranks}"
+        fresh(side, name)
+        rows = side.launch("train", train_yaml(side, data, name, batches, "cosine",
+                                               microbatch=8 // ranks), ranks=ranks)
+        full[ranks] = global_batches(rows, ranks)
+        if [row["batch"] for row in full[ranks]] != list(range(1, batches + 1)):
+            raise SystemExit(f"{side.name}: {name} recorded batches "
+                             f"{[row['batch'] for row in full[ranks]]}, not 1..{batches}")
+    premise = [a["samples"] == b["samples"] for a, b in zip(full[1], full[2])]
+    print(f"{side.name} uninterrupted on 1 and 2 ranks: the same samples in "
+          f"{sum(premise)} of {batches} global batches", flush=True)
+    out: dict = {"kill_at_batch": kill_at, "same_batches_1_and_2_ranks": sum(premise),
+                 "full1": full[1], "full2": full[2]}
+    ok = all(premise)
+    header = ELASTIC_HEADER
+    for first, then in ((2, 1), (1, 2)):
+        name = f"elastic-{first}to{then}"
+        fresh(side, name)
+        before = global_batches(side.launch(
+            "train", train_yaml(side, data, name, batches, "cosine", microbatch=8 // first),
+            kill_at_batch=kill_at, ranks=first), first)
+        after = global_batches(side.launch(
+            "train", train_yaml(side, data, name, batches, "cosine", microbatch=8 // then),
+            ranks=then), then)
+        resumed_at = after[0]["batch"] if after else None
+        if not after or resumed_at == 1 or after[-1]["batch"] != batches:
+            raise SystemExit(f"{side.name}: {name}: the relaunch on {then} rank(s) did not "
+                             f"resume from a checkpoint (batches "
+                             f"{[row['batch'] for row in after]})")
+        curve = [row for row in before if row["batch"] < resumed_at] + after
+        rows, agree, worst = compare_elastic(full[first], curve, resumed_at)
+        print(f"{side.name} {first} rank(s) killed at the start of batch {kill_at}, resumed "
+              f"on {then} at batch {resumed_at}:", "held" if agree else "DIFFERS")
+        print("\n".join(header + rows), flush=True)
+        out[f"{first}to{then}"] = {"resumed_at_batch": resumed_at, "curve": curve,
+                                   "table": rows, "agree": agree, "max_relative": worst}
+        ok = ok and agree
+    out["agree"] = ok
+    if not ok:
+        raise SystemExit("a curve resumed on another number of ranks saw other samples than "
+                         "the uninterrupted run, a sample twice, or losses further than "
+                         f"{ELASTIC_RTOL:g} relative (tables above)")
+    return out
 
 
 def compare(name: str, composer: list[dict], cadence: list[dict]) -> tuple[list[str], bool]:
@@ -706,7 +860,7 @@ def main() -> None:
     if "cached" in steps:
         steps = []
         if (args.work / "venv" / ".installed").exists():
-            steps += ["install", "pretrain", "finetune", "eval", "autoresume"]
+            steps += ["install", "pretrain", "finetune", "eval", "autoresume", "elastic"]
             if (args.work / "composer-venv" / ".installed").exists():
                 steps.append("composer")
             if all((args.work / "foundry-tests" / f"{n}.xml").exists()
@@ -748,6 +902,9 @@ def main() -> None:
         cadence["autoresume"] = step_autoresume(sides["cadence"], data, args.batches,
                                                 cadence["pretrain"])
         save()
+    if "elastic" in steps:
+        cadence["elastic"] = step_elastic(sides["cadence"], data, args.batches)
+        save()
     if "composer" in steps:
         results["composer"] = step_composer(sides["composer"], results, data, args.batches)
         save()
@@ -771,6 +928,19 @@ def report(results: dict) -> None:
         print("cadence autoresume: killed at batch", cadence["autoresume"]["kill_at_batch"],
               "resumed at", cadence["autoresume"]["resumed_at_batch"], "curve",
               " ".join(f"{v:.4f}" for v in losses(cadence["autoresume"]["curve"])))
+    if "elastic" in cadence:
+        elastic = cadence["elastic"]
+        print("cadence elastic: uninterrupted on 1 and 2 ranks, the same samples in",
+              elastic["same_batches_1_and_2_ranks"], "of", len(elastic["full1"]),
+              "global batches")
+        for key in ("2to1", "1to2"):
+            if key in elastic:
+                run = elastic[key]
+                print(f"cadence elastic {key[0]} -> {key[-1]} rank(s): killed at batch "
+                      f"{elastic['kill_at_batch']}, resumed at {run['resumed_at_batch']}, "
+                      f"{'held' if run['agree'] else 'DIFFERS'}, largest relative loss "
+                      f"difference after the resume {run['max_relative']:.1e}")
+                print("\n".join(ELASTIC_HEADER + run["table"]))
     if "composer" in results:
         print("\n".join(results["composer"]["table"] + [""]
                         + results["composer"]["metric_table"]))

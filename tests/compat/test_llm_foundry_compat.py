@@ -49,6 +49,33 @@ def test_calibration_holds_at_the_batches_whose_learning_rates_agree() -> None:
     assert not ok  # a batch missing on one side
 
 
+def test_elastic_comparison_holds_samples_exactly_and_losses_to_the_tolerance() -> None:
+    script = _script()
+    two = [{"batch": b, "loss": 11.0 - b / 10, "lr": 1e-4, "rank": r,
+            "samples": [f"{b}{r}a", f"{b}{r}b"]} for b in (1, 2, 3) for r in (1, 0)]
+    full = script.global_batches(two, 2)
+    assert [row["samples"] for row in full] == [[f"{b}0a", f"{b}0b", f"{b}1a", f"{b}1b"]
+                                                for b in (1, 2, 3)]
+    assert full[0]["loss"] == 10.9 and full[0]["lr"] == 1e-4
+    with pytest.raises(SystemExit, match="recorded by ranks"):
+        script.global_batches(two[:-1], 2)  # batch 3 seen by one rank of two
+    resumed = [dict(row) for row in full]
+    resumed[2]["loss"] *= 1 + script.ELASTIC_RTOL / 2
+    _, ok, worst = script.compare_elastic(full, resumed, resumed_at=3)
+    assert ok and 0 < worst <= script.ELASTIC_RTOL
+    before = [dict(row) for row in full]
+    before[1]["loss"] *= 1 + 1e-9  # before the resume (the same ranks): bit for bit
+    assert not script.compare_elastic(full, before, resumed_at=3)[1]
+    far = [dict(row) for row in full]
+    far[2]["loss"] *= 1 + 2 * script.ELASTIC_RTOL
+    assert not script.compare_elastic(full, far, resumed_at=3)[1]
+    other = [dict(row) for row in full]
+    other[2]["samples"] = other[2]["samples"][:-1] + ["11a"]  # batch 1's sample again
+    rows, ok, _ = script.compare_elastic(full, other, resumed_at=3)
+    assert not ok and "DIFFERENT" in rows[2]
+    assert not script.compare_elastic(full, full[:2], resumed_at=2)[1]  # a batch missing
+
+
 def test_junit_outcomes_read_each_kind(tmp_path: Path) -> None:
     script = _script()
     report = tmp_path / "r.xml"
@@ -80,7 +107,7 @@ def test_rename_reaches_every_composer_import_form(tmp_path: Path) -> None:
 def test_help_lists_every_step_and_an_unknown_step_is_refused() -> None:
     out = subprocess.run([sys.executable, str(SCRIPT), "--help"], text=True,
                          capture_output=True, check=True)
-    for step in ("install", "pretrain", "finetune", "eval", "autoresume", "composer",
+    for step in ("install", "pretrain", "finetune", "eval", "autoresume", "elastic", "composer",
                  "foundry-tests", "report", "all", "cached"):
         assert f"\n  {step} " in out.stdout, step
     bad = subprocess.run([sys.executable, str(SCRIPT), "evaluate"], text=True,
@@ -115,5 +142,11 @@ def test_llm_foundry_trains_evaluates_and_autoresumes_as_on_composer() -> None:
     assert 1 < resumed["resumed_at_batch"] <= resumed["kill_at_batch"]
     assert [row["loss"] for row in resumed["curve"]] == losses
     assert set(cadence["metrics"]) == {"shakespeare_mc/0-shot", "eval"}
+    elastic = cadence["elastic"]  # 2 ranks -> 1 and 1 -> 2, the same global batch
+    assert elastic["agree"] and elastic["same_batches_1_and_2_ranks"] == 6
+    for key in ("2to1", "1to2"):
+        assert elastic[key]["agree"] and 1 < elastic[key]["resumed_at_batch"] <= 4
+        assert [row["samples"] for row in elastic[key]["curve"]] == \
+            [row["samples"] for row in elastic[f"full{key[0]}"]]
     if (WORK / "composer-venv" / ".installed").exists():
         assert results["composer"]["agree"]
