@@ -78,6 +78,22 @@ DOCS_SHRINK: list[tuple[str, str]] = [
     (r"(['\"])([3-9]|\d\d+)ep\1", r"\g<1>2ep\1"),
 ]
 
+#: Edits to Composer's ``doctest_fixtures.py`` (old, new), after the rename: cadence has no
+#: libcloud stores (``LibcloudObjectStore``, ``RemoteUploader``), so the local "object store"
+#: the fixtures fake with libcloud's ``local`` provider is a ``file://`` folder instead.
+FIXTURE_EDITS: list[tuple[str, str]] = [
+    ("from cadence.utils import LibcloudObjectStore, RemoteUploader\n", ""),
+    ("        kwargs['load_object_store'] = LibcloudObjectStore()",
+     "        os.makedirs('./object_store', exist_ok=True)\n"
+     "        from cadence.utils.file_helpers import FsspecObjectStore\n"
+     "        kwargs['load_object_store'] = FsspecObjectStore("
+     "'file://' + os.path.abspath('./object_store'))"),
+    ("        bucket_uri='libcloud://.',\n        backend_kwargs={\n            'provider': 'local',\n"
+     "            'container': '.',\n            'provider_kwargs': {\n"
+     "                'key': os.path.abspath('./object_store'),\n            },\n        },\n",
+     "        bucket_uri='file://' + os.path.abspath('./object_store'),\n"),
+]
+
 #: Known causes of failures that are not cadence's, by example or block name.
 CAUSES: dict[str, str] = {}
 
@@ -197,6 +213,11 @@ def docs_scripts(docs: Path) -> dict[str, str]:
     """For each of the docs blocks that run, by name (``page:line``), its script."""
     fixtures = rename((docs / "doctest_fixtures.py").read_text())
     fixtures = fixtures[:fixtures.index("# Note: These methods are an alternative")]
+    fixtures = fixtures[:fixtures.index("# Patch RemoteUploader __init__")]
+    for old, new in FIXTURE_EDITS:
+        if old not in fixtures:
+            raise ValueError(f"doctest_fixtures.py no longer holds {old!r}")
+        fixtures = fixtures.replace(old, new)
     cleanup = rename((docs / "doctest_cleanup.py").read_text())
     scripts: dict[str, str] = {}
     for path in sorted(docs.rglob("*")):
