@@ -24,7 +24,10 @@ blocks (the ones Sphinx's doctest runs), every ``testcode``, ``doctest`` and Pyt
 ``testsetup`` of the block's group, and after the page's earlier blocks of that group (each in
 ``try``: an earlier failure is not counted twice), then ``testcleanup``. ``doctest`` blocks
 run their ``>>>`` lines; expected output (``testoutput``, doctest output) is not compared.
-``:skipif:`` is ignored (the block runs and fails for what is missing).
+A ``testcode`` block's ``:skipif:`` is ignored (it runs, and fails for what is missing);
+a ``testsetup``/``testcleanup`` block's is honoured (it runs under ``if not (skipif):``), as a
+page's setup for its Comet block must not run before the others. The page's
+``testcleanup`` runs after the group's last block only (Sphinx's order); before, in ``try``.
 
 A table (name, ``pass``/``FAIL``/``timeout``, the last line of the error) and the counts are
 printed; :data:`CAUSES` names the cause of each failure known not to be cadence's.
@@ -81,7 +84,16 @@ DOCS_SHRINK: list[tuple[str, str]] = [
 #: Edits to Composer's ``doctest_fixtures.py`` (old, new), after the rename: cadence has no
 #: libcloud stores (``LibcloudObjectStore``, ``RemoteUploader``), so the local "object store"
 #: the fixtures fake with libcloud's ``local`` provider is a ``file://`` folder instead.
+#: cadence writes a remote ``save_folder`` with fsspec itself (no ``RemoteUploaderDownloader``
+#: for the fixtures to patch), so an ``s3``/``oci``/``gs`` ``save_folder`` is made that local
+#: folder too (its path kept, the bucket dropped, as the libcloud fake does).
 FIXTURE_EDITS: list[tuple[str, str]] = [
+    ("    if 'save_folder' in kwargs and urlparse(kwargs['save_folder']).scheme == 'gs':",
+     "    if 'save_folder' in kwargs and urlparse(kwargs['save_folder']).scheme in ['s3', 'oci', 'gs']:\n"
+     "        os.makedirs('./object_store', exist_ok=True)\n"
+     "        kwargs['save_folder'] = 'file://' + os.path.abspath('./object_store') + '/' + "
+     "urlparse(kwargs['save_folder']).path.lstrip('/')\n"
+     "    if 'save_folder' in kwargs and urlparse(kwargs['save_folder']).scheme == 'gs':"),
     ("from cadence.utils import LibcloudObjectStore, RemoteUploader\n", ""),
     ("        kwargs['load_object_store'] = LibcloudObjectStore()",
      "        os.makedirs('./object_store', exist_ok=True)\n"
@@ -111,6 +123,7 @@ class Block:
     kind: str
     arg: str
     code: str
+    skipif: str = ""
 
     @property
     def name(self) -> str:
@@ -147,9 +160,12 @@ def rst_blocks(text: str, page: str = "", offset: int = 0) -> list[Block]:
                                   or len(lines[j]) - len(lines[j].lstrip()) > indent):
             body.append(lines[j])
             j += 1
+        skipif = ""
         while body and (not body[0].strip() or re.match(r"^\s*:[\w-]+:", body[0])):
-            body.pop(0)
-        blocks.append(Block(page, offset + i + 1, match.group(2), match.group(3), _dedent(body)))
+            option = re.match(r"^\s*:skipif:\s*(.*)", body.pop(0))
+            skipif = option.group(1).strip() if option else skipif
+        blocks.append(Block(page, offset + i + 1, match.group(2), match.group(3), _dedent(body),
+                            skipif))
         i = j
     return blocks
 
@@ -229,18 +245,16 @@ def docs_scripts(docs: Path) -> dict[str, str]:
             continue
         for target in (b for b in blocks if b.runs):
             parts = [fixtures]
+            group = [b for b in blocks if b.runs and b.group == target.group]
             for block in blocks:
                 if block.kind == "testsetup" and block.group in (target.group, "*"):
-                    parts.append(rename(block.code))
-            for block in blocks:
-                if block is target:
-                    break
-                if block.runs and block.group == target.group:
-                    parts.append(_guarded(block))
+                    parts.append(_unless(block))
+            parts += [_guarded(block) for block in group[:group.index(target)]]
             parts.append(_source(target))
             for block in blocks:
                 if block.kind == "testcleanup" and block.group in (target.group, "*"):
-                    parts.append(rename(block.code))
+                    # Sphinx cleans up once, after the group's last block
+                    parts.append(_unless(block) if target is group[-1] else _guarded(block))
             parts.append(cleanup)
             scripts[target.name] = "\n".join(parts)
     return scripts
@@ -249,6 +263,14 @@ def docs_scripts(docs: Path) -> dict[str, str]:
 def _source(block: Block) -> str:
     code = doctest_code(block.code) if block.kind == "doctest" else block.code
     return shrink(rename(code), DOCS_SHRINK)
+
+
+def _unless(block: Block) -> str:
+    """A setup or cleanup block, under ``if not (skipif):`` when it has ``:skipif:``."""
+    if not block.skipif:
+        return rename(block.code)
+    body = "".join(f"    {line}\n" for line in rename(block.code).splitlines())
+    return f"if not ({block.skipif}):\n{body}    pass\n"
 
 
 def _guarded(block: Block) -> str:
@@ -281,9 +303,12 @@ class Result:
 def last_error(stderr: str) -> str:
     """The exception line of a traceback (the last line that is not blank or a warning)."""
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    for line in reversed(lines):
+    for index in range(len(lines) - 1, -1, -1):
+        line = lines[index]
         if re.match(r"^[\w.]+(Error|Exception|Exit|Interrupt|Warning)?\b.*:", line) \
                 and not line.startswith(" "):
+            if line.endswith(":") and index + 1 < len(lines):
+                line += " " + lines[index + 1].strip()
             return line[:200]
     return lines[-1][:200] if lines else ""
 
