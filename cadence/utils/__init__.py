@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         maybe_create_object_store_from_uri, parse_uri,
     )
     from cadence.utils.import_helpers import MissingConditionalImportError, import_object
+    from cadence.utils.iter_helpers import ensure_tuple
     from cadence.utils.object_store import ObjectStore, ObjectStoreTransientError
     from cadence.utils.retrying import retry
     from cadence.utils.checkpoint import load_checkpoint, safe_torch_load, save_checkpoint
@@ -53,6 +54,8 @@ _LAZY = {
     "get_file": "cadence.utils.file_helpers",
     "import_helpers": "cadence.utils.import_helpers",
     "import_object": "cadence.utils.import_helpers",
+    "ensure_tuple": "cadence.utils.iter_helpers",
+    "iter_helpers": "cadence.utils.iter_helpers",
     "maybe_create_object_store_from_uri": "cadence.utils.file_helpers",
     "maybe_create_remote_uploader_downloader_from_uri":
         "cadence.loggers.remote_uploader_downloader",
