@@ -29,6 +29,11 @@ a ``testsetup``/``testcleanup`` block's is honoured (it runs under ``if not (ski
 page's setup for its Comet block must not run before the others. The page's
 ``testcleanup`` runs after the group's last block only (Sphinx's order); before, in ``try``.
 
+No GPU or MPS device is assumed: :data:`DOCS_EDITS` and :data:`EXAMPLE_EDITS` hold device
+edits (``device='gpu'``/``'mps'`` -> ``'cpu'``), and the counts say how many passes needed one
+(:data:`DEVICE_EDITED`). ``pytorch-lightning``, ``apache-libcloud`` and ``fasteners`` (the
+fixtures' libcloud ``local`` store) are installed into the virtualenv without dependencies.
+
 A table (name, ``pass``/``FAIL``/``timeout``, the last line of the error) and the counts are
 printed; :data:`CAUSES` names the cause of each failure known not to be cadence's.
 """
