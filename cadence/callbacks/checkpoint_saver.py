@@ -21,7 +21,7 @@ from cadence.checkpoint.files import (
     pointer_name, pointer_template, remove_checkpoint,
 )
 from cadence.checkpoint.finite import FirstNonFinite, NonFiniteStateError, nonfinite_state
-from cadence.checkpoint.remote import RemoteFolder
+from cadence.checkpoint.remote import RemoteFolder, is_remote
 from cadence.checkpoint.run_folder import RunFolder
 from cadence.checkpoint.store import write_latest
 from cadence.core import Callback, Event, State, Time, Timestamp, TimeUnit
@@ -71,8 +71,9 @@ class CheckpointSaver(Callback):
         num_checkpoints_to_keep: keep this many newest checkpoints locally (``-1``: all;
             ``0``: none, as in Composer: each checkpoint is handed to the logger
             destinations that store files, then deleted locally; autoresume then has
-            nothing local to resume from). In a remote ``folder``: this many in the bucket
-            (``0`` is refused there: it would delete each checkpoint as it is written).
+            nothing local to resume from). In a remote ``folder``: this many in the bucket;
+            ``0`` there is Composer's "no local copies": every checkpoint stays in the bucket
+            (none is deleted from it) and the staged local copies are dropped, as always.
         weights_only: save the model (and metadata) only.
         ignore_keys: what to leave out of each ``full`` checkpoint: glob patterns over its
             ``/``-joined key paths (``state/model/*.bias``, ``state/optimizers``, ``rng``),
@@ -153,10 +154,6 @@ class CheckpointSaver(Callback):
                              "save_async=True (drop one of them).")
         folder = str(folder) if isinstance(folder, Path) else folder
         given = folder if isinstance(folder, RunFolder) else None
-        if num_checkpoints_to_keep == 0 and (given or RunFolder(folder)).is_remote:
-            raise ValueError(f"save_num_checkpoints_to_keep=0 with the remote save_folder "
-                             f"{folder} would delete each checkpoint from the bucket right "
-                             f"after writing it; use -1 (keep all) or a number >= 1.")
         latest = None if latest_filename is None else str(latest_filename)
         if (latest is None or latest.endswith(".pt")) and symlink_filename == DEFAULT_LATEST:
             symlink_filename = latest  # Composer's symlink name (None: no symlink)
@@ -277,9 +274,9 @@ class CheckpointSaver(Callback):
         Raises:
             ValueError: naming the settings and the fixes.
         """
-        del state
         if (self.autoresume and self.num_checkpoints_to_keep == 0 and logger is not None
-                and not logger.has_file_upload_destination()):
+                and not logger.has_file_upload_destination()
+                and self.remote_folder(state) is None):
             raise ValueError(
                 "save_num_checkpoints_to_keep=0 with autoresume=True and no logger destination "
                 "that stores files: each checkpoint would be deleted right after it is "
@@ -474,7 +471,7 @@ class CheckpointSaver(Callback):
     def _upload(self, logger: Any, path: Path, fields: dict[str, Any]) -> None:
         """Hand the checkpoint to the destinations that store files (rank 0)."""
         if logger is None or not logger.has_file_upload_destination():
-            if self.num_checkpoints_to_keep == 0:
+            if self.num_checkpoints_to_keep == 0 and not is_remote(str(self.folder)):
                 log.warning("save_num_checkpoints_to_keep=0 and no logger destination stores "
                             "files: checkpoint %s is deleted right after it is written.", path)
             return
@@ -539,7 +536,10 @@ class CheckpointSaver(Callback):
         elif rank0:
             write_latest(folder, latest, name)
             self._write_symlink(folder, name)
-        while 0 <= self.num_checkpoints_to_keep < len(self.saved):
+        # 0 in a remote folder: Composer's "no local copies"; the bucket keeps every one
+        keep = -1 if remote is not None and self.num_checkpoints_to_keep == 0 \
+            else self.num_checkpoints_to_keep
+        while 0 <= keep < len(self.saved):
             oldest = self.saved.pop(0)
             if rank0:
                 self.run_folder(state).store.remove(oldest)  # a remote one: its marker first

@@ -46,7 +46,8 @@ class CheckpointConfig(Section):
             ``None``: no checkpoints. Default ``"1ep"``.
         save_weights_only: save the model's weights only. Default False.
         save_num_checkpoints_to_keep: how many checkpoints to keep locally, oldest removed
-            first; ``-1`` (default): all.
+            first; ``-1`` (default): all. With a remote ``save_folder``: how many to keep in
+            the bucket, except ``0`` (Composer's "none locally"): all are kept there.
         save_metrics: also save the train and eval metrics' state. Default False.
         save_state_dict_type: ``full`` (one file), ``sharded`` (a DCP folder) or ``None``:
             ``full``, or the fsdp config's ``state_dict_type`` in an FSDP run.

@@ -7,6 +7,7 @@ check) and, for a ``HuggingFaceModel``, what export needs to rebuild it.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from cadence.checkpoint.checkpoint_config import CheckpointConfig
@@ -41,6 +42,24 @@ def _default_format(parallelism_config: Any) -> str:
     return "full" if fsdp is None else fsdp.state_dict_type
 
 
+def _remote_file_names(config: CheckpointConfig) -> dict[str, Optional[str]]:
+    """The names the run's checkpoints (and Composer's remote "symlink") get at the logger
+    destinations that store files, by Composer's Trainer rule: ``save_folder``'s path joined
+    with ``save_filename`` / ``save_latest_filename`` (``save_folder='checkpoints'``,
+    ``save_filename='ep{epoch}.pt'`` -> ``checkpoints/ep1.pt``); a bucket without a path
+    (``s3://bucket``) -> the file names alone. Without ``save_folder``: the saver's defaults."""
+    if config.save_folder is None:
+        return {}
+    from cadence.utils.file_helpers import parse_uri
+
+    folder = parse_uri(config.save_folder)[2]
+    filename, latest = config.save_filename, config.save_latest_filename
+    if folder == "":
+        return {"remote_file_name": filename, "latest_remote_file_name": latest}
+    return {"remote_file_name": str(Path(folder) / filename),
+            "latest_remote_file_name": None if latest is None else str(Path(folder) / latest)}
+
+
 def add_run_saver(state: State, run_folder: Optional[RunFolder], metadata: dict[str, Any],
                   config: CheckpointConfig) -> None:
     """Append the run's ``CheckpointSaver`` to ``state.callbacks`` when the run has a save
@@ -69,6 +88,7 @@ def add_run_saver(state: State, run_folder: Optional[RunFolder], metadata: dict[
                   overwrite=config.save_overwrite, weights_only=config.save_weights_only,
                   save_async=config.save_async, allow_nonfinite=config.save_allow_nonfinite,
                   ignore_keys=config.save_ignore_keys)
+    kwargs.update(_remote_file_names(config))
     saver = CheckpointSaver(folder=run_folder, save_interval=config.save_interval,
                             state_dict_type=fmt, metadata=metadata, autoresume=autoresume,
                             **kwargs)

@@ -30,7 +30,10 @@ if TYPE_CHECKING:
     )
     from cadence.utils.import_helpers import MissingConditionalImportError, import_object
     from cadence.utils.iter_helpers import ensure_tuple
-    from cadence.utils.object_store import ObjectStore, ObjectStoreTransientError
+    from cadence.utils.object_store import (
+        LibcloudObjectStore, ObjectStore, ObjectStoreTransientError, S3ObjectStore,
+        SFTPObjectStore,
+    )
     from cadence.utils.retrying import retry
     from cadence.utils.checkpoint import load_checkpoint, safe_torch_load, save_checkpoint
     from cadence.utils.device import get_device
@@ -44,7 +47,10 @@ if TYPE_CHECKING:
 _LAZY = {
     "FSDPConfig": "cadence.parallel.config",
     "MissingConditionalImportError": "cadence.utils.import_helpers",
+    "LibcloudObjectStore": "cadence.utils.object_store",
     "ObjectStore": "cadence.utils.object_store",
+    "S3ObjectStore": "cadence.utils.object_store",
+    "SFTPObjectStore": "cadence.utils.object_store",
     "ObjectStoreTransientError": "cadence.utils.object_store",
     "ParallelismConfig": "cadence.parallel.config",
     "TPConfig": "cadence.parallel.config",

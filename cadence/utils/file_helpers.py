@@ -58,15 +58,26 @@ class FsspecObjectStore(ObjectStore):
 
     Args:
         root: the URL (or local folder) that object names are relative to.
+        storage_options: keyword arguments for the fsspec filesystem of ``root``'s protocol
+            (e.g. s3fs's ``endpoint_url``, ``key``, ``secret``); default None: the protocol's
+            defaults, credentials from the environment. The provider classes of
+            :mod:`cadence.utils.object_store` (``S3ObjectStore``...) pass their arguments here.
 
     Raises:
         ValueError: the protocol is unknown or its fsspec package is not installed (the
             message names the extra), or the URL carries credentials.
     """
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, storage_options: Optional[dict[str, Any]] = None) -> None:
         self.root = str(root).rstrip("/")
-        self._fs, path = get_filesystem(self.root or ".")
+        if storage_options:  # the filesystem from its options (url_to_fs might connect)
+            import fsspec
+
+            protocol = self.root.split("://", 1)[0]
+            self._fs = fsspec.filesystem(protocol, **storage_options)
+            path = str(self._fs._strip_protocol(self.root)).rstrip("/")
+        else:
+            self._fs, path = get_filesystem(self.root or ".")
         self._remote = is_remote(self.root)
         self._path = path if self._remote else os.path.abspath(local_path(self.root or "."))
 

@@ -79,20 +79,41 @@ class Store(LoggerDestination):
         self.names.append(remote_file_name)
 
 
-def test_keep_zero_uploads_then_keeps_nothing_locally(tmp_path: Path) -> None:
+def test_keep_zero_uploads_then_keeps_nothing_locally(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # uploaded as Composer's Trainer names them: save_folder's path / save_filename
+    monkeypatch.chdir(tmp_path)
     store = Store(tmp_path / "remote")
-    trainer = _run(tmp_path / "local", save_num_checkpoints_to_keep=0, loggers=[store])
-    assert [n for n in store.names if "checkpoints" in n] == [
-        "ckpt/checkpoints/ep0-ba1-rank0.pt", "ckpt/checkpoints/latest-rank0.pt.symlink",
-        "ckpt/checkpoints/ep0-ba2-rank0.pt", "ckpt/checkpoints/latest-rank0.pt.symlink"]
+    trainer = _run(Path("local"), save_num_checkpoints_to_keep=0, loggers=[store])
+    assert [n for n in store.names if n.startswith("local/")] == [
+        "local/ep0-ba1-rank0.pt", "local/latest-rank0.pt.symlink",
+        "local/ep0-ba2-rank0.pt", "local/latest-rank0.pt.symlink"]
     # Composer's remote "symlink": a text file naming the newest uploaded checkpoint
-    assert (tmp_path / "remote" / "ckpt/checkpoints/latest-rank0.pt.symlink").read_text() == (
-        "ckpt/checkpoints/ep0-ba2-rank0.pt")
+    assert (tmp_path / "remote" / "local/latest-rank0.pt.symlink").read_text() == (
+        "local/ep0-ba2-rank0.pt")
     assert not list((tmp_path / "local").glob("ep*.pt"))
     assert _saver(trainer).saved_checkpoints == []
-    uploaded = torch.load(tmp_path / "remote" / "ckpt/checkpoints/ep0-ba2-rank0.pt",
-                          weights_only=False)
+    uploaded = torch.load(tmp_path / "remote" / "local/ep0-ba2-rank0.pt", weights_only=False)
     assert uploaded is not None
+
+
+def test_uploaded_names_follow_composers_trainer_rule(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Composer's docs (checkpointing.rst): ``save_folder='checkpoints'``,
+    ``save_filename='ep{epoch}.pt'`` and an uploading logger put ``checkpoints/ep1.pt`` in
+    the store, which ``load_path='checkpoints/ep1.pt'`` with that store then reads."""
+    monkeypatch.chdir(tmp_path)
+    store = Store(tmp_path / "remote")
+    trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(num_batches=2),
+                      max_duration="2ep", save_folder="checkpoints", save_filename="ep{epoch}.pt",
+                      save_interval="1ep", save_num_checkpoints_to_keep=0, loggers=[store],
+                      progress_bar=False)
+    trainer.fit()
+    trainer.close()
+    assert [n for n in store.names if n.startswith("checkpoints/")] == [
+        "checkpoints/ep1.pt", "checkpoints/latest-rank0.pt.symlink",
+        "checkpoints/ep2.pt", "checkpoints/latest-rank0.pt.symlink"]
+    assert not list((tmp_path / "checkpoints").glob("ep*.pt"))
 
 
 def test_saved_checkpoints_join_the_folder_as_given(tmp_path: Path,

@@ -84,6 +84,21 @@ def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) ->
         assert torch.equal(got[name], tensor), name
 
 
+def test_keep_zero_in_a_remote_folder_keeps_every_checkpoint_in_the_bucket(
+        s3_folder: str, tmp_path: Path) -> None:
+    """Composer's save_num_checkpoints_to_keep=0 with a remote save_folder: no local copies,
+    every checkpoint uploaded and kept (its docs' s3 examples); autoresume resumes from it."""
+    _, first = _train(s3_folder, "4ba", keep=0)
+    names = ["ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt"]
+    assert s3_ls(s3_folder) == sorted([*names, *(n + COMPLETE_SUFFIX for n in names),
+                                       "latest-remote"])
+    resumed, _ = _train(s3_folder, "6ba", keep=0, autoresume=True)
+    assert resumed.hyperparameters["loaded_checkpoint"] == f"{s3_folder}/ep0-ba4-rank0.pt"
+    names.append("ep0-ba6-rank0.pt")
+    assert s3_ls(s3_folder) == sorted([*names, *(n + COMPLETE_SUFFIX for n in names),
+                                       "latest-remote"])
+
+
 @pytest.mark.parametrize("fmt,save_async", [("full", False), ("sharded", False),
                                             ("sharded", True)],
                          ids=["full", "sharded", "sharded-async"])

@@ -150,16 +150,17 @@ def test_log_artifacts_stores_every_checkpoint(tmp_path: Path,
     import hashlib
 
     monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))  # W&B's staging copies
+    monkeypatch.chdir(tmp_path)  # uploaded as save_folder's path / save_filename (Composer's)
     wandb_logger = WandBLogger(project="cadence-tests", dir=str(tmp_path / "wb"),
                                log_artifacts=True)
     assert wandb_logger.can_upload_files() and not WandBLogger().can_upload_files()
     trainer = Trainer(model=SimpleModel(), train_dataloader=make_dataloader(num_batches=2),
                       max_duration="2ep", seed=0, progress_bar=False, run_name="wb-art",
-                      save_folder=str(tmp_path / "save"), save_interval="1ep",
+                      save_folder="{run_name}/checkpoints", save_interval="1ep",
                       loggers=[wandb_logger])
     trainer.fit()
     trainer.close()
-    checkpoints = {p.name: p.read_bytes() for p in (tmp_path / "save").rglob("*.pt")
+    checkpoints = {p.name: p.read_bytes() for p in (tmp_path / "wb-art").rglob("*.pt")
                    if not p.is_symlink()}  # not the latest-rank0.pt link
     assert len(checkpoints) == 2
     (run_dir,) = offline_runs(tmp_path / "wb")
