@@ -1,10 +1,11 @@
 """Composer's provider object stores at Composer's paths: ``S3ObjectStore`` over s3fs
-(against the local moto server), ``SFTPObjectStore`` and ``LibcloudObjectStore`` raising
+(against the local moto server), ``LibcloudObjectStore`` over Libcloud's ``local`` driver (a
+folder), and ``SFTPObjectStore`` and ``LibcloudObjectStore`` raising
 ``MissingConditionalImportError`` naming their extra when their package is missing."""
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,19 +52,23 @@ def test_s3_object_store_round_trip_under_a_prefix(s3_folder: str, tmp_path: Pat
     assert whole.get_object_size(f"{folder}/a/b.pt") == 5
 
 
-@pytest.mark.skipif(importlib.util.find_spec("paramiko") is not None,
-                    reason="paramiko is installed")
-def test_sftp_store_without_paramiko_names_the_extra() -> None:
+def test_sftp_store_without_paramiko_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     from cadence.utils import MissingConditionalImportError, SFTPObjectStore
+
+    monkeypatch.setitem(sys.modules, "paramiko", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "fsspec.implementations.sftp", None)
 
     with pytest.raises(MissingConditionalImportError, match=r"cadence\[sftp\]"):
         SFTPObjectStore(host="sftp://user@example.com:2222/./data")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("libcloud") is not None,
-                    reason="apache-libcloud is installed")
-def test_libcloud_store_without_libcloud_names_the_extra() -> None:
+def test_libcloud_store_without_libcloud_names_the_extra(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from cadence.utils import LibcloudObjectStore, MissingConditionalImportError
+
+    for name in [m for m in sys.modules if m == "libcloud" or m.startswith("libcloud.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "libcloud", None)  # as if not installed
 
     with pytest.raises(MissingConditionalImportError, match=r"cadence\[libcloud\]"):
         LibcloudObjectStore(provider="s3", container="bucket",
@@ -82,3 +87,31 @@ def test_sftp_uri_parsing_as_composer() -> None:
         _uri_parts("ftp://host", 22, None, None, "")
     with pytest.raises(ValueError, match="username"):
         _uri_parts("sftp://me@host", 22, "other", None, "")
+
+
+def test_libcloud_store_round_trip_in_a_local_container(tmp_path: Path) -> None:
+    pytest.importorskip("libcloud")
+    from cadence.utils import LibcloudObjectStore
+
+    (tmp_path / "root" / "bucket").mkdir(parents=True)
+    store = LibcloudObjectStore(provider="local", container="bucket",
+                                provider_kwargs={"key": str(tmp_path / "root")})
+    assert store.get_uri("ck/ep1.pt") == "local://bucket/ck/ep1.pt"
+    source = tmp_path / "src.bin"
+    source.write_bytes(b"x" * 3000)
+    sent: list[tuple[int, int]] = []
+    store.upload_object("ck/ep1.pt", source, callback=lambda n, total: sent.append((n, total)))
+    assert sent == [(3000, 3000)]
+    assert (tmp_path / "root" / "bucket" / "ck" / "ep1.pt").read_bytes() == b"x" * 3000
+    assert store.get_object_size("ck/ep1.pt") == 3000
+    assert store.list_objects("ck/") == ["ck/ep1.pt"] and store.list_objects("zz") == []
+    small = LibcloudObjectStore(provider="local", container="bucket", chunk_size=1024,
+                                provider_kwargs={"key": str(tmp_path / "root")})
+    small.download_object("ck/ep1.pt", tmp_path / "out" / "ep1.pt")  # 3 chunks
+    assert (tmp_path / "out" / "ep1.pt").read_bytes() == b"x" * 3000
+    with pytest.raises(FileExistsError):
+        store.download_object("ck/ep1.pt", tmp_path / "out" / "ep1.pt")
+    store.download_object("ck/ep1.pt", tmp_path / "out" / "ep1.pt", overwrite=True)
+    with pytest.raises(FileNotFoundError, match="local://bucket/missing.pt"):
+        store.get_object_size("missing.pt")
+    assert not list((tmp_path / "out").glob("*.tmp"))
