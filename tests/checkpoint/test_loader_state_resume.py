@@ -42,7 +42,12 @@ class EpochStream(IterableDataset):
     def __len__(self) -> int:  # streaming's datasets are sized
         return SAMPLES
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int, int]]:
+    #: the permutation of epoch ``e`` is seeded ``SEED + e``
+    SEED = 50
+
+    def _epoch_order(self) -> list[int]:
+        """Start the next epoch (or the one ``load_state_dict`` named, after its consumed
+        samples): the sample indices still to read, in the epoch's order."""
         epoch, start = self.next_epoch, 0
         if self._resume is not None:
             epoch, start = self._resume["epoch"], self._resume["sample_in_epoch"]
@@ -50,8 +55,11 @@ class EpochStream(IterableDataset):
                 epoch, start = epoch + 1, 0
             self._resume = None
         self.epoch, self.offset, self.next_epoch = epoch, start, epoch + 1
-        order = torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(50 + epoch))
-        for i in order.tolist()[start:]:
+        seed = torch.Generator().manual_seed(self.SEED + epoch)
+        return torch.randperm(SAMPLES, generator=seed).tolist()[start:]
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int, int]]:
+        for i in self._epoch_order():
             self.loaded += 1
             yield self.x[i], self.y[i], i, -1
 

@@ -25,16 +25,16 @@ from typing import Any, Iterator, Optional
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from cadence import Callback, State, Trainer, dist
-from tests.checkpoint.test_dataloader_resume import _data
-from tests.checkpoint.test_loader_state_resume import Streamingish
+from tests.checkpoint.test_dataloader_resume import SAMPLES
+from tests.checkpoint.test_loader_state_resume import EpochStream, Streamingish
 from tests.common.distributed import run_in_processes
 from tests.common.events import StopAt
 from tests.common.models import SimpleModel
 
-SAMPLES, GLOBAL_BATCH = 24, 8
+GLOBAL_BATCH = 8  # of the 24 samples (SAMPLES) of EpochStream's data
 PER_EPOCH = SAMPLES // GLOBAL_BATCH  # 3 global batches
 TOTAL = 3 * PER_EPOCH  # 9 batches, 3 epochs
 CUT = PER_EPOCH + 2  # after batch 5: two batches into epoch 1
@@ -44,36 +44,28 @@ KINDS = ("dataset_state", "loader_state")
 LOSS_TOLERANCE = 1e-5
 
 
-class GlobalOrderStream(IterableDataset):
+class GlobalOrderStream(EpochStream):
     """Streaming's ``StreamingDataset`` contract, on any number of ranks: each epoch a seeded
     permutation of the samples that does not depend on the number of ranks; rank ``r`` of
     ``W`` takes the ``r``-th ``batch_size`` samples of each global batch of ``W *
     batch_size``; ``len()`` is the per-rank sample count. ``state_dict(num_samples,
     from_beginning)`` counts global samples; after ``load_state_dict`` the next ``iter()``
     continues that epoch after the ``sample_in_epoch`` consumed samples (the next epoch when
-    it was over). ``loaded`` counts the samples this rank read."""
+    it was over): ``EpochStream``'s position, split among the ranks. ``loaded`` counts the
+    samples this rank read."""
+
+    SEED = 70
 
     def __init__(self, batch_size: int) -> None:
-        self.x, self.y = _data()
+        super().__init__()
         self.batch_size = batch_size
         self.rank, self.world = dist.get_global_rank(), dist.get_world_size()
-        self.next_epoch, self.epoch, self.offset = 0, 0, 0
-        self._resume: Optional[dict[str, int]] = None
-        self.loaded = 0
 
     def __len__(self) -> int:
         return SAMPLES // self.world
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
-        epoch, start = self.next_epoch, 0
-        if self._resume is not None:
-            epoch, start = self._resume["epoch"], self._resume["sample_in_epoch"]
-            if start >= SAMPLES:
-                epoch, start = epoch + 1, 0
-            self._resume = None
-        self.epoch, self.offset, self.next_epoch = epoch, start, epoch + 1
-        order = torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(70 + epoch))
-        rest = order.tolist()[start:]
+        rest = self._epoch_order()
         step = self.batch_size * self.world
         for first in range(0, len(rest), step):
             mine = rest[first:first + step][self.rank * self.batch_size:
@@ -81,13 +73,6 @@ class GlobalOrderStream(IterableDataset):
             for i in mine:
                 self.loaded += 1
                 yield self.x[i], self.y[i], i
-
-    def state_dict(self, num_samples: int, from_beginning: bool) -> dict[str, int]:
-        done = num_samples if from_beginning else self.offset + num_samples
-        return {"epoch": self.epoch, "sample_in_epoch": done}
-
-    def load_state_dict(self, obj: dict[str, int]) -> None:
-        self._resume = dict(obj)
 
 
 class GlobalBatches(Callback):
