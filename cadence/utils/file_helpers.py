@@ -29,6 +29,7 @@ from cadence.utils import dist
 from cadence.utils.misc import partial_format
 from cadence.checkpoint.remote import get_filesystem, is_remote, local_path
 from cadence.utils.object_store import ObjectStore
+from cadence.utils.object_store.object_store import refuse_existing, staged_download
 
 __all__ = ["FsspecObjectStore", "format_name_with_dist", "format_name_with_dist_and_time", "fsspec_protocol",
            "get_file", "is_uri",
@@ -110,18 +111,10 @@ class FsspecObjectStore(ObjectStore):
     def download_object(self, object_name: str, filename: Union[str, pathlib.Path],
                         overwrite: bool = False,
                         callback: Optional[Callable[[int, int], None]] = None) -> None:
-        filename = os.fspath(filename)
-        if os.path.exists(filename) and not overwrite:
-            raise FileExistsError(f"{filename} exists; pass overwrite=True to replace it.")
+        filename = refuse_existing(filename, overwrite)
         size = self.get_object_size(object_name)  # FileNotFoundError first, before a file
-        os.makedirs(os.path.dirname(os.path.abspath(filename)), exist_ok=True)
-        tmp = f"{filename}.{os.getpid()}.tmp"
-        try:
+        with staged_download(filename) as tmp:
             self._fs.get_file(self._key(object_name), tmp)
-            os.replace(tmp, filename)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
         if callback is not None:
             callback(size, size)
 

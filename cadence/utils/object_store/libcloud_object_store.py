@@ -12,7 +12,9 @@ import pathlib
 from typing import Any, Callable, Optional, Union
 
 from cadence.utils.import_helpers import MissingConditionalImportError
-from cadence.utils.object_store.object_store import ObjectStore
+from cadence.utils.object_store.object_store import (
+    ObjectStore, refuse_existing, staged_download,
+)
 
 __all__ = ["LibcloudObjectStore"]
 
@@ -77,20 +79,11 @@ class LibcloudObjectStore(ObjectStore):
     def download_object(self, object_name: str, filename: Union[str, pathlib.Path],
                         overwrite: bool = False,
                         callback: Optional[Callable[[int, int], None]] = None) -> None:
-        filename = os.fspath(filename)
-        if os.path.exists(filename) and not overwrite:
-            raise FileExistsError(f"{filename} exists; pass overwrite=True to replace it.")
-        obj = self._object(object_name)
-        os.makedirs(os.path.dirname(os.path.abspath(filename)), exist_ok=True)
-        tmp = f"{filename}.{os.getpid()}.tmp"
-        try:
-            with open(tmp, "wb") as out:
-                for chunk in self._provider.download_object_as_stream(obj, self.chunk_size):
-                    out.write(chunk)
-            os.replace(tmp, filename)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        filename = refuse_existing(filename, overwrite)
+        obj = self._object(object_name)  # FileNotFoundError first, before a file
+        with staged_download(filename) as tmp, open(tmp, "wb") as out:
+            for chunk in self._provider.download_object_as_stream(obj, self.chunk_size):
+                out.write(chunk)
         if callback is not None:
             callback(int(obj.size), int(obj.size))
 

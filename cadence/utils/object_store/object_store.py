@@ -1,12 +1,13 @@
 """Composer's ``composer.utils.object_store``: the :class:`ObjectStore` interface, its
-transient error. The one implementation is
-:class:`cadence.utils.file_helpers.FsspecObjectStore`, over any fsspec filesystem (``s3://``,
-``gs://``, ``file://``, ...).
+transient error, and the local half of every store's ``download_object`` (refuse an existing
+file, write a temporary sibling, rename it into place).
 
-Composer ships one class per provider (``S3ObjectStore``, ``GCSObjectStore``, ...) over each
-provider's SDK; cadence reaches every provider through fsspec, as its remote checkpoints do
-(:func:`cadence.checkpoint.remote.get_filesystem`: the extra to install is named when a
-protocol's package is missing, credentials come from the environment only).
+The general implementation is :class:`cadence.utils.file_helpers.FsspecObjectStore`, over any
+fsspec filesystem (``s3://``, ``gs://``, ``file://``, ...), as cadence's remote checkpoints
+use (:func:`cadence.checkpoint.remote.get_filesystem`: the extra to install is named when a
+protocol's package is missing, credentials come from the environment only). Composer's
+provider classes are in this package too: ``S3ObjectStore`` and ``SFTPObjectStore`` over
+fsspec, ``LibcloudObjectStore`` over Apache Libcloud.
 
 Source: Composer 0.32.1 ``composer/utils/object_store/object_store.py`` (the methods, their
 arguments and errors).
@@ -15,9 +16,11 @@ arguments and errors).
 from __future__ import annotations
 
 import abc
+import contextlib
+import os
 import pathlib
 from types import TracebackType
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 __all__ = ["ObjectStore", "ObjectStoreTransientError"]
 
@@ -84,3 +87,30 @@ class ObjectStore(abc.ABC):
     def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
                  traceback: Optional[TracebackType]) -> None:
         self.close()
+
+
+def refuse_existing(filename: Union[str, pathlib.Path], overwrite: bool) -> str:
+    """``filename`` as a ``str``, for a download into it.
+
+    Raises:
+        FileExistsError: ``filename`` exists and ``overwrite`` is False.
+    """
+    filename = os.fspath(filename)
+    if os.path.exists(filename) and not overwrite:
+        raise FileExistsError(f"{filename} exists; pass overwrite=True to replace it.")
+    return filename
+
+
+@contextlib.contextmanager
+def staged_download(filename: str) -> Iterator[str]:
+    """A temporary path beside ``filename`` (its folder created) to download into: renamed
+    to ``filename`` when the block ends without an error, removed in any case, so
+    ``filename`` is either the whole object or untouched."""
+    os.makedirs(os.path.dirname(os.path.abspath(filename)), exist_ok=True)
+    tmp = f"{filename}.{os.getpid()}.tmp"
+    try:
+        yield tmp
+        os.replace(tmp, filename)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
