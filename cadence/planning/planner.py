@@ -343,7 +343,11 @@ def _exit_reason(status: int) -> str:
     import signal
 
     if os.WIFSIGNALED(status):
-        return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+        number = os.WTERMSIG(status)
+        try:
+            return f"killed by {signal.Signals(number).name}"
+        except ValueError:  # a real-time signal: no name
+            return f"killed by signal {number}"
     return f"exit code {os.waitstatus_to_exitcode(status)}"
 
 

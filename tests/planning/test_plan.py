@@ -274,3 +274,22 @@ def test_schedule_orders_hold_the_documented_microbatches_in_flight() -> None:
                 assert order.index(("F", s, i)) < order.index(("B", s, i))
     assert bubble_factor("1F1B", 4, 8) == 11 / 8 and bubble_factor("1F1B", 1, 8) == 1.0
     assert bubble_factor("Interleaved1F1B", 4, 8, 2) == (8 + 1.5) / 8
+
+
+def test_a_dead_rank_simulation_says_how_it_ended() -> None:
+    import os
+    import signal
+
+    from cadence.planning.planner import _exit_reason
+
+    def ended(child) -> str:
+        pid = os.fork()
+        if pid == 0:
+            child()
+            os._exit(0)
+        return _exit_reason(os.waitpid(pid, 0)[1])
+
+    assert ended(lambda: os.kill(os.getpid(), signal.SIGKILL)) == "killed by SIGKILL"
+    assert ended(lambda: os.kill(os.getpid(), signal.SIGRTMIN + 2)) == (
+        f"killed by signal {signal.SIGRTMIN + 2}")
+    assert ended(lambda: os._exit(3)) == "exit code 3"
